@@ -1,0 +1,29 @@
+"""ckptplan: find the best activation-checkpointing plan for a PyTorch model, and apply it.
+
+The public API is imported lazily so that torch-free commands (``ckptplan remat``,
+``ckptplan show``) never pay for importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_API = {
+    "solve": "ckptplan.api",
+    "apply": "ckptplan.apply",
+    "verify": "ckptplan.api",
+    "profile": "ckptplan.api",
+    "Plan": "ckptplan.plan",
+    "CkptplanError": "ckptplan.errors",
+}
+
+__all__ = ["__version__", *_API]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        return getattr(importlib.import_module(_API[name]), name)
+    raise AttributeError(f"module 'ckptplan' has no attribute {name!r}")

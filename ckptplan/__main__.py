@@ -1,0 +1,3 @@
+from ckptplan.cli import main
+
+main()

@@ -1,0 +1,146 @@
+"""The Python API, mirroring the CLI: ``profile``, ``solve``, ``verify``.
+
+Example:
+    >>> plan = ckptplan.solve("sample_models/gpt.py", budget="60%")   # doctest: +SKIP
+    >>> model = ckptplan.apply(build_model(), plan)                    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ckptplan.budget import format_budget_at_least, format_bytes, parse_budget
+from ckptplan.errors import CkptplanError
+from ckptplan.loading import Inputs, LiveModel, Workload, load_model_file
+from ckptplan.measure import Verification, verify_plan
+from ckptplan.plan import Plan, Region, as_plan
+from ckptplan.problem import to_chain
+from ckptplan.profile import Profile, Settings, profile_model
+from ckptplan.simulate import predict
+from ckptplan.solvers import BASELINES, SOLVERS, run_solver
+from ckptplan.solvers.chain import InfeasibleBudget
+
+ModelArg = torch.nn.Module | str | Path
+
+
+def _workload(
+    model: ModelArg,
+    example_inputs: Inputs | None,
+    loss_fn: Callable[[Any], torch.Tensor] | None,
+) -> Workload:
+    if isinstance(model, torch.nn.Module):
+        if example_inputs is None:
+            raise CkptplanError("pass example_inputs (the args or kwargs of forward) with a model")
+        return LiveModel(model, example_inputs, loss_fn)
+    return load_model_file(model)
+
+
+def profile(
+    model: ModelArg,
+    example_inputs: Inputs | None = None,
+    *,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    batch_size: int | None = None,
+    optimizer: str = "adamw",
+    dtype: str = "fp32",
+    device: str = "cpu",
+    blocks: str | None = None,
+) -> Profile:
+    """Profile one training step on fake tensors (nothing is allocated)."""
+    workload = _workload(model, example_inputs, loss_fn)
+    settings = Settings(batch_size, optimizer, dtype, device, blocks)
+    return profile_model(workload, settings)
+
+
+def solve(
+    model: ModelArg,
+    example_inputs: Inputs | None = None,
+    *,
+    budget: str | int,
+    solver: str = "dp",
+    scope: str = "step",
+    every: int = 2,
+    max_segment: int | None = None,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    batch_size: int | None = None,
+    optimizer: str = "adamw",
+    dtype: str = "fp32",
+    device: str = "cpu",
+    blocks: str | None = None,
+) -> Plan:
+    """Profile the model and return the plan of least recompute time that fits ``budget``."""
+    if solver not in SOLVERS:
+        raise CkptplanError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
+    parsed = parse_budget(str(budget))
+    prof = profile(
+        model,
+        example_inputs,
+        loss_fn=loss_fn,
+        batch_size=batch_size,
+        optimizer=optimizer,
+        dtype=dtype,
+        device=device,
+        blocks=blocks,
+    )
+    chain = to_chain(prof, scope)
+    options = {"every": every, "max_segment": max_segment}
+    unchecked = run_solver("none", chain, None, **options)
+    budget_bytes = parsed.resolve(unchecked.peak)
+    try:
+        schedule = run_solver(solver, chain, budget_bytes, **options)
+    except InfeasibleBudget as exc:
+        raise CkptplanError(
+            f"budget {format_bytes(budget_bytes)} is below the least feasible peak "
+            f"{format_bytes(exc.least_peak)} of {prof.model_name} with solver {solver} "
+            f"(scope {scope}); use --budget {format_budget_at_least(exc.least_peak)} or more"
+        ) from None
+    baselines = {}
+    for name in BASELINES:
+        base = run_solver(name, chain, None, **options)
+        baselines[base.solver] = predict(prof, chain, base, scope).to_json()
+    return Plan(
+        model=prof.model_name,
+        fingerprint=prof.fingerprint,
+        inputs=prof.inputs,
+        budget={"text": parsed.text, "bytes": budget_bytes, "scope": scope},
+        solver=schedule.solver,
+        settings={
+            "batch_size": batch_size,
+            "optimizer": optimizer,
+            "dtype": dtype,
+            "device": device,
+            "blocks": blocks,
+            "scope": scope,
+        },
+        blocks=tuple(b.path for b in prof.blocks),
+        regions=tuple(
+            Region(tuple(b.path for b in prof.blocks[start:end]))
+            for start, end in schedule.segments
+        ),
+        predicted=predict(prof, chain, schedule, scope).to_json(),
+        baselines=baselines,
+    )
+
+
+def verify(
+    model: ModelArg,
+    plan: Plan | str | Path,
+    example_inputs: Inputs | None = None,
+    *,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    device: str | None = None,
+    repeats: int = 3,
+    force: bool = False,
+) -> Verification:
+    """Run the step with and without the plan: measured peak, time ratio, gradient difference."""
+    workload = _workload(model, example_inputs, loss_fn)
+    the_plan = as_plan(plan)
+    if isinstance(workload, LiveModel) and the_plan.settings.get("batch_size") is not None:
+        the_plan = Plan.from_json(
+            {**the_plan.to_json(), "settings": {**the_plan.settings, "batch_size": None}}
+        )
+    return verify_plan(workload, the_plan, device=device, repeats=repeats, force=force)

@@ -1,0 +1,185 @@
+"""Load a model file (DESIGN.md section 2) and turn its mistakes into one-line errors.
+
+A model file defines ``build_model()``, ``example_inputs(batch_size=...)`` and optionally
+``loss_fn(output)``. Every failure names the file, the line where it can, and the fix.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import inspect
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from ckptplan.errors import CkptplanError
+
+Inputs = tuple[Any, ...] | dict[str, Any]
+
+_SIGNATURES = {
+    "build_model": "def build_model() -> torch.nn.Module: ...",
+    "example_inputs": "def example_inputs(batch_size: int = 8) -> tuple | dict: ...",
+}
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """The functions a model file provides, with the file they came from."""
+
+    path: Path
+    module: ModuleType
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def build(self) -> torch.nn.Module:
+        model = _call(self, "build_model")
+        if not isinstance(model, torch.nn.Module):
+            raise CkptplanError(
+                f"build_model() in {self.name} returned {type(model).__name__}; "
+                "it must return a torch.nn.Module"
+            )
+        return model
+
+    def inputs(self, batch_size: int | None = None) -> Inputs:
+        args = () if batch_size is None else (batch_size,)
+        inputs = _call(self, "example_inputs", *args)
+        if isinstance(inputs, torch.Tensor):
+            return (inputs,)
+        if isinstance(inputs, list):
+            return tuple(inputs)
+        if not isinstance(inputs, tuple | dict):
+            raise CkptplanError(
+                f"example_inputs() in {self.name} returned {type(inputs).__name__}; it must "
+                "return a tuple of positional arguments or a dict of keyword arguments of forward"
+            )
+        return inputs
+
+    def loss(self, output: Any) -> torch.Tensor:
+        if hasattr(self.module, "loss_fn"):
+            loss = _call(self, "loss_fn", output)
+        else:
+            loss = default_loss(output)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise CkptplanError(
+                f"the loss of {self.name} is not a scalar tensor; define "
+                "`def loss_fn(output) -> torch.Tensor` returning one"
+            )
+        return loss
+
+    @property
+    def default_batch_size(self) -> int | None:
+        parameter = inspect.signature(self.module.example_inputs).parameters.get("batch_size")
+        if parameter is None or parameter.default is inspect.Parameter.empty:
+            return None
+        return int(parameter.default)
+
+
+@dataclass(frozen=True)
+class LiveModel:
+    """A model object and its batch, given through the Python API instead of a file.
+
+    ``build`` returns a copy, so profiling under ``FakeTensorMode`` makes a fake copy and
+    never touches the user's weights.
+    """
+
+    model: torch.nn.Module
+    example_inputs: Inputs
+    loss_fn: Callable[[Any], torch.Tensor] | None = None
+
+    @property
+    def name(self) -> str:
+        return type(self.model).__name__
+
+    default_batch_size = None
+
+    def build(self) -> torch.nn.Module:
+        return copy.deepcopy(self.model)
+
+    def inputs(self, batch_size: int | None = None) -> Inputs:
+        if batch_size is not None:
+            raise CkptplanError(
+                "batch_size cannot change a batch given as example_inputs; pass that batch"
+            )
+        return pytree.tree_map(
+            lambda t: t.clone() if isinstance(t, torch.Tensor) else t, self.example_inputs
+        )
+
+    def loss(self, output: Any) -> torch.Tensor:
+        return self.loss_fn(output) if self.loss_fn is not None else default_loss(output)
+
+
+Workload = ModelFile | LiveModel
+
+
+def default_loss(output: Any) -> torch.Tensor:
+    """``output.loss`` when the model returns one, else the sum of its floating outputs."""
+    loss = getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    leaves = [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor)]
+    floats = [t.float().sum() for t in leaves if t.is_floating_point() and t.requires_grad]
+    if not floats:
+        raise CkptplanError(
+            "the model's output has no floating tensor that needs a gradient; define "
+            "`def loss_fn(output) -> torch.Tensor` in the model file"
+        )
+    return torch.stack(floats).sum() if len(floats) > 1 else floats[0]
+
+
+def call_model(model: torch.nn.Module, inputs: Inputs) -> Any:
+    """Run forward with the inputs as a model file gives them (positional or keyword)."""
+    return model(**inputs) if isinstance(inputs, dict) else model(*inputs)
+
+
+def load_model_file(path: str | Path) -> ModelFile:
+    """Import a model file; a missing file, an import error or a missing function is one line."""
+    file = Path(path)
+    if not file.is_file():
+        raise CkptplanError(f"model file {path} not found; pass the path of a .py file")
+    name = f"ckptplan_model_{abs(hash(file.resolve()))}"
+    spec = importlib.util.spec_from_file_location(name, file)
+    if spec is None or spec.loader is None:
+        raise CkptplanError(f"{path} is not a Python file ckptplan can import")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[name]
+        raise CkptplanError(f"importing {file.name} failed: {_where(exc, file)}") from None
+    for required, signature in _SIGNATURES.items():
+        if not callable(getattr(module, required, None)):
+            raise CkptplanError(f"{file.name} defines no {required}(); add `{signature}`")
+    return ModelFile(file, module)
+
+
+def _call(model_file: ModelFile, function: str, *args: Any) -> Any:
+    try:
+        return getattr(model_file.module, function)(*args)
+    except CkptplanError:
+        raise
+    except Exception as exc:
+        raise CkptplanError(
+            f"{function}() in {model_file.name} raised {_where(exc, model_file.path)}"
+        ) from None
+
+
+def _where(exc: BaseException, file: Path) -> str:
+    """``Type: message (file.py, line N)`` with the deepest line of the user's file."""
+    line = getattr(exc, "lineno", None) if isinstance(exc, SyntaxError) else None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if Path(frame.filename).resolve() == file.resolve():
+            line = frame.lineno
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    location = f" ({file.name}, line {line})" if line else ""
+    return f"{type(exc).__name__}: {message}{location}"

@@ -1,0 +1,171 @@
+"""Ground truth: run a training step with and without a plan, and compare (DESIGN.md section 9).
+
+Memory is the peak of one steady-state step (forward, backward, optimizer step, the optimizer
+state already created): ``torch.cuda.max_memory_allocated`` on CUDA, a live-storage tracker on
+CPU plus the bytes that persist across steps. Time is the median of interleaved repeats.
+Gradients are compared after the same seeded forward and backward, dropout included.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ckptplan.apply import apply
+from ckptplan.loading import Workload, call_model
+from ckptplan.memtrack import LiveStorageTracker, storage_bytes
+from ckptplan.plan import Plan
+from ckptplan.training import (
+    cast_floating,
+    make_optimizer,
+    parse_dtype,
+    persistent_tensors,
+)
+
+
+@dataclass(frozen=True)
+class Verification:
+    """Measured against predicted, for one plan on the local device."""
+
+    device: str
+    budget_bytes: int
+    predicted_peak_bytes: int
+    measured_peak_bytes: int
+    baseline_peak_bytes: int
+    step_time_ratio: float
+    step_time_s: float
+    baseline_step_time_s: float
+    max_grad_abs_diff: float
+    regions: int
+
+    @property
+    def within_budget(self) -> bool:
+        return self.measured_peak_bytes <= self.budget_bytes
+
+    @property
+    def prediction_error(self) -> float:
+        """|measured - predicted| as a fraction of measured."""
+        return abs(self.measured_peak_bytes - self.predicted_peak_bytes) / self.measured_peak_bytes
+
+
+@dataclass
+class _Run:
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer | None
+    inputs: Any
+
+
+def _step(model_file: Workload, run: _Run, seed: int) -> None:
+    torch.manual_seed(seed)
+    loss = model_file.loss(call_model(run.model, run.inputs))
+    loss.backward()
+    del loss
+    if run.optimizer is not None:
+        run.optimizer.step()
+        run.optimizer.zero_grad(set_to_none=True)
+    else:
+        run.model.zero_grad(set_to_none=True)
+
+
+def _peak(model_file: Workload, run: _Run, device: torch.device) -> int:
+    """Peak bytes of one steady-state step."""
+    _step(model_file, run, seed=1)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        _step(model_file, run, seed=2)
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device)
+    persistent = persistent_tensors(run.model, run.optimizer, run.inputs)
+    tracker = LiveStorageTracker(exclude=persistent)
+    with tracker:
+        _step(model_file, run, seed=2)
+    return storage_bytes(persistent) + tracker.peak
+
+
+def _grads(model_file: Workload, model: torch.nn.Module, inputs: Any) -> dict[str, torch.Tensor]:
+    torch.manual_seed(1234)
+    model.zero_grad(set_to_none=True)
+    loss = model_file.loss(call_model(model, inputs))
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+def _timed(model_file: Workload, run: _Run, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    _step(model_file, run, seed=3)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def verify_plan(
+    model_file: Workload,
+    plan: Plan,
+    device: str | None = None,
+    repeats: int = 3,
+    force: bool = False,
+) -> Verification:
+    """Measure the plan's step against the unchecked step of the same model and batch."""
+    target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    settings = plan.settings
+    dtype = parse_dtype(settings.get("dtype", "fp32"))
+    torch.manual_seed(0)
+    baseline_model = model_file.build().to(device=target, dtype=dtype)
+    baseline_model.train()
+    planned_model = apply(copy.deepcopy(baseline_model), plan, force=force)
+    torch.manual_seed(0)
+    inputs = model_file.inputs(settings.get("batch_size"))
+    inputs = cast_floating(_to_device(inputs, target), dtype)
+    optimizer_name = settings.get("optimizer", "adamw")
+
+    reference = _grads(model_file, baseline_model, inputs)
+    planned = _grads(model_file, planned_model, inputs)
+    max_diff = max(
+        ((reference[n].float() - planned[n].float()).abs().max().item() for n in reference),
+        default=0.0,
+    )
+    del reference, planned
+
+    runs = {
+        name: _Run(model, make_optimizer(optimizer_name, model), inputs)
+        for name, model in (("baseline", baseline_model), ("planned", planned_model))
+    }
+    peaks = {name: _peak(model_file, run, target) for name, run in runs.items()}
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            times[name].append(_timed(model_file, run, target))
+    baseline_time = statistics.median(times["baseline"])
+    planned_time = statistics.median(times["planned"])
+    return Verification(
+        device=str(target),
+        budget_bytes=int(plan.budget["bytes"]),
+        predicted_peak_bytes=int(plan.predicted["peak_bytes"]),
+        measured_peak_bytes=peaks["planned"],
+        baseline_peak_bytes=peaks["baseline"],
+        step_time_ratio=planned_time / baseline_time,
+        step_time_s=planned_time,
+        baseline_step_time_s=baseline_time,
+        max_grad_abs_diff=max_diff,
+        regions=len(plan.regions),
+    )
+
+
+def _to_device(tree: Any, device: torch.device) -> Any:
+    if isinstance(tree, torch.Tensor):
+        return tree.to(device)
+    if isinstance(tree, tuple | list):
+        return type(tree)(_to_device(t, device) for t in tree)
+    if isinstance(tree, dict):
+        return {k: _to_device(v, device) for k, v in tree.items()}
+    return tree

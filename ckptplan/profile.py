@@ -1,0 +1,449 @@
+"""Profile a training step on fake tensors: the chain of blocks and what each one costs.
+
+Everything runs under ``FakeTensorMode``, so a model far larger than this machine is profiled
+without allocating its weights or activations. One instrumented, unchecked step records:
+
+- a live-storage timeline split into phases (forward and backward of each block, the code
+  before and after the blocks, the optimizer step), from which the chain model takes its figures;
+- the tensors autograd saves (``saved_tensors_hooks``), attributed to the block that saves them;
+- FLOPs and a roofline time per phase.
+
+A second, ``no_grad`` forward gives each block's transient when it runs checkpointed.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils import _pytree as pytree
+
+from ckptplan.costs import OpCostMode
+from ckptplan.devices import get_device
+from ckptplan.errors import CkptplanError
+from ckptplan.fingerprint import inputs_signature, model_fingerprint
+from ckptplan.loading import Workload, call_model
+from ckptplan.memtrack import LiveStorageTracker, storage_bytes, storage_key
+from ckptplan.training import cast_floating, make_optimizer, parse_dtype, persistent_tensors
+
+_EVENTS = {
+    "fwd:pre": "forward before the blocks",
+    "fwd:post": "forward after the blocks (head, loss)",
+    "bwd:post": "backward after the blocks (head, loss)",
+    "bwd:pre": "backward before the blocks",
+    "opt": "optimizer step",
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the profile was made for; a plan records it."""
+
+    batch_size: int | None = None
+    optimizer: str = "adamw"
+    dtype: str = "fp32"
+    device: str = "cpu"
+    blocks: str | None = None
+
+
+@dataclass(frozen=True)
+class BlockProfile:
+    """One block of the chain, measured on the unchecked step (bytes are absolute live bytes)."""
+
+    path: str
+    class_name: str
+    input_bytes: int
+    output_bytes: int
+    saved_bytes: int
+    input_kept: bool
+    joins_previous: bool
+    parameter_bytes: int
+    fwd_start: int
+    fwd_peak: int
+    fwd_peak_nograd: int
+    bwd_start: int
+    bwd_peak: int
+    grads_at_bwd_end: int
+    flops_fwd: float
+    flops_bwd: float
+    time_fwd: float
+    time_bwd: float
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A model's training step, as the solvers see it."""
+
+    model_name: str
+    fingerprint: dict[str, Any]
+    inputs: Any
+    settings: Settings
+    blocks: tuple[BlockProfile, ...]
+    parameter_bytes: int
+    optimizer_bytes: int
+    input_bytes: int
+    persistent_bytes: int
+    peak_bytes: int
+    tail_peaks: tuple[tuple[int, str], ...]
+    fixed_peaks: tuple[tuple[int, str], ...]
+    step_time: float
+    flops: float
+    phases: tuple[tuple[str, int, int], ...] = field(default=())
+    """The timeline: (label, live bytes at start, peak) per phase."""
+
+    @property
+    def gradient_bytes(self) -> int:
+        return self.parameter_bytes
+
+
+def find_blocks(model: torch.nn.Module, pattern: str | None = None) -> list[tuple[str, Any]]:
+    """The chain of blocks: modules matching ``pattern``, or by default the children of the
+    ``nn.ModuleList``/``nn.Sequential`` with the most children of one class (e.g. the layers).
+    """
+    if pattern is not None:
+        patterns = [p.strip() for p in pattern.split(",") if p.strip()]
+        found = [
+            (path, m)
+            for path, m in model.named_modules()
+            if path and any(fnmatch.fnmatchcase(path, p) for p in patterns)
+        ]
+        outermost = [
+            (path, m)
+            for path, m in found
+            if not any(path.startswith(other + ".") for other, _ in found)
+        ]
+        if not outermost:
+            raise CkptplanError(
+                f"--blocks {pattern!r} matches no module; module paths look like "
+                f"{_example_paths(model)}"
+            )
+        return outermost
+    best: tuple[int, int, str] | None = None
+    for path, module in model.named_modules():
+        if not isinstance(module, torch.nn.ModuleList | torch.nn.Sequential) or len(module) < 2:
+            continue
+        repeated = Counter(type(child).__name__ for child in module).most_common(1)[0][1]
+        size = sum(p.numel() for p in module.parameters())
+        if repeated >= 2 and (best is None or (repeated, size) > best[:2]):
+            best = (repeated, size, path)
+    if best is None:
+        raise CkptplanError(
+            f"{type(model).__name__} has no nn.ModuleList or nn.Sequential of repeated blocks; "
+            f"name the blocks with --blocks, e.g. --blocks '{_example_paths(model)}'"
+        )
+    container = model.get_submodule(best[2])
+    prefix = f"{best[2]}." if best[2] else ""
+    return [(f"{prefix}{name}", child) for name, child in container.named_children()]
+
+
+def _example_paths(model: torch.nn.Module) -> str:
+    paths = [p for p, _ in model.named_modules() if p][:3]
+    return ", ".join(paths) if paths else "(the model has no submodules)"
+
+
+def _first_tensor(tree: Any) -> torch.Tensor | None:
+    for leaf in pytree.tree_leaves(tree):
+        if isinstance(leaf, torch.Tensor):
+            return leaf
+    return None
+
+
+def _same_arguments(a: Any, b: Any) -> bool:
+    """Whether two calls passed the same extra arguments (tensors by identity)."""
+    leaves_a, spec_a = pytree.tree_flatten(a)
+    leaves_b, spec_b = pytree.tree_flatten(b)
+    if spec_a != spec_b:
+        return False
+    for x, y in zip(leaves_a, leaves_b, strict=True):
+        if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+            if x is not y:
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+@dataclass
+class _BlockCall:
+    input_key: int | None = None
+    input_bytes: int = 0
+    output_key: int | None = None
+    output_bytes: int = 0
+    joins_previous: bool = False
+    calls: int = 0
+
+
+class _StepRecorder:
+    """Module and tensor hooks that mark the phases of one step on the tracker."""
+
+    def __init__(
+        self,
+        blocks: list[tuple[str, torch.nn.Module]],
+        tracker: LiveStorageTracker,
+        costs: OpCostMode | None,
+        params: list[torch.nn.Parameter],
+    ) -> None:
+        self.blocks = blocks
+        self.tracker = tracker
+        self.costs = costs
+        self.params = params
+        self.calls = [_BlockCall() for _ in blocks]
+        self.saved: dict[str, dict[int, tuple[int, int | None]]] = {}
+        """Phase label -> {storage key: (bytes, index of the phase that allocated it)}."""
+        self.grads_at: dict[str, int] = {}
+        self._previous: tuple[torch.Tensor | None, Any] = (None, None)
+
+    def mark(self, label: str) -> None:
+        if self.tracker.phases:
+            self.grads_at[self.tracker.phases[-1].label + ":end"] = self._grad_bytes()
+        self.tracker.mark(label)
+        if self.costs is not None:
+            self.costs.phase = label
+
+    def _grad_bytes(self) -> int:
+        return storage_bytes(p.grad for p in self.params if p.grad is not None)
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        label = self.tracker.phases[-1].label if self.tracker.phases else "start"
+        key = storage_key(tensor)
+        self.saved.setdefault(label, {})[key] = (
+            tensor.untyped_storage().nbytes(),
+            self.tracker.allocated_in.get(key),
+        )
+        return tensor
+
+    def hooks(self) -> Iterator[Any]:
+        for index, (_, module) in enumerate(self.blocks):
+            yield module.register_forward_pre_hook(self._pre(index), with_kwargs=True)
+            yield module.register_forward_hook(self._post(index), with_kwargs=True)
+
+    def _pre(self, index: int) -> Any:
+        def hook(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+            call = self.calls[index]
+            call.calls += 1
+            x = _first_tensor(args) if args else _first_tensor(kwargs)
+            self.mark(f"fwd:{index}")
+            if x is None:
+                return
+            call.input_key, call.input_bytes = storage_key(x), x.untyped_storage().nbytes()
+            previous_out, previous_rest = self._previous
+            rest = (
+                (args[1:], kwargs)
+                if args
+                else ((), {k: v for k, v in kwargs.items() if v is not x})
+            )
+            call.joins_previous = (
+                index > 0
+                and previous_out is not None
+                and x is previous_out
+                and _same_arguments(rest, previous_rest)
+            )
+            self._previous = (None, rest)
+            if index == 0 and x.requires_grad:
+                x.register_hook(lambda grad: self.mark("bwd:pre"))
+
+        return hook
+
+    def _post(self, index: int) -> Any:
+        def hook(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+            out = _first_tensor(output)
+            call = self.calls[index]
+            if out is not None:
+                call.output_key = storage_key(out)
+                call.output_bytes = out.untyped_storage().nbytes()
+                if out.requires_grad:
+                    out.register_hook(lambda grad: self.mark(f"bwd:{index}"))
+            self._previous = (out, self._previous[1])
+            if index == len(self.blocks) - 1:
+                self.mark("fwd:post")
+
+        return hook
+
+
+def profile_model(model_file: Workload, settings: Settings) -> Profile:
+    """Profile one training step of the model file's model, allocating nothing."""
+    device = get_device(settings.device)
+    dtype = parse_dtype(settings.dtype)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        torch.manual_seed(0)
+        model = model_file.build()
+        inputs = model_file.inputs(settings.batch_size)
+        if dtype != torch.float32:
+            model = model.to(dtype)
+            inputs = cast_floating(inputs, dtype)
+        model.train()
+        blocks = find_blocks(model, settings.blocks)
+        optimizer = make_optimizer(settings.optimizer, model)
+        _plain_step(model_file, model, inputs, optimizer)
+        persistent = persistent_tensors(model, optimizer, inputs)
+        persistent_bytes = storage_bytes(persistent)
+        params = [p for p in model.parameters() if p.requires_grad]
+        tracker = LiveStorageTracker(exclude=persistent)
+        costs = OpCostMode(device)
+        recorder = _StepRecorder(blocks, tracker, costs, params)
+        with ExitStack() as stack:
+            for handle in recorder.hooks():
+                stack.callback(handle.remove)
+            stack.enter_context(costs)
+            stack.enter_context(tracker)
+            recorder.mark("fwd:pre")
+            with torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t):
+                loss = model_file.loss(call_model(model, inputs))
+            recorder.mark("bwd:post")
+            loss.backward()
+            del loss
+            recorder.mark("opt")
+            if optimizer is not None:
+                optimizer.step()
+            recorder.mark("end")
+        nograd = _nograd_transients(model, inputs, blocks, persistent)
+        return _assemble(
+            model_file,
+            model,
+            inputs,
+            settings,
+            blocks,
+            recorder,
+            costs,
+            nograd,
+            persistent_bytes,
+            optimizer,
+        )
+
+
+def _plain_step(
+    model_file: Workload,
+    model: torch.nn.Module,
+    inputs: Any,
+    optimizer: torch.optim.Optimizer | None,
+) -> None:
+    """A warm-up step, so the optimizer state exists as it does in every later step."""
+    loss = model_file.loss(call_model(model, inputs))
+    loss.backward()
+    if optimizer is not None:
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    else:
+        model.zero_grad(set_to_none=True)
+
+
+def _nograd_transients(
+    model: torch.nn.Module,
+    inputs: Any,
+    blocks: list[tuple[str, torch.nn.Module]],
+    persistent: list[torch.Tensor],
+) -> list[int]:
+    """Each block's forward peak above its start when it runs under ``no_grad``."""
+    tracker = LiveStorageTracker(exclude=persistent)
+    recorder = _StepRecorder(blocks, tracker, None, [])
+    with ExitStack() as stack:
+        for handle in recorder.hooks():
+            stack.callback(handle.remove)
+        stack.enter_context(torch.no_grad())
+        stack.enter_context(tracker)
+        recorder.mark("fwd:pre")
+        call_model(model, inputs)
+    phases = {p.label: p for p in tracker.phases}
+    return [phases[f"fwd:{i}"].peak - phases[f"fwd:{i}"].start for i in range(len(blocks))]
+
+
+def _assemble(
+    model_file: Workload,
+    model: torch.nn.Module,
+    inputs: Any,
+    settings: Settings,
+    blocks: list[tuple[str, torch.nn.Module]],
+    recorder: _StepRecorder,
+    costs: OpCostMode,
+    nograd: list[int],
+    persistent_bytes: int,
+    optimizer: torch.optim.Optimizer | None,
+) -> Profile:
+    phases = {p.label: p for p in recorder.tracker.phases}
+    index_of = {p.label: i for i, p in enumerate(recorder.tracker.phases)}
+    for i, (path, _) in enumerate(blocks):
+        calls = recorder.calls[i].calls
+        if calls != 1:
+            raise CkptplanError(
+                f"block {path} runs {calls} times in one forward; a block must run once "
+                "per step: choose other blocks with --blocks"
+            )
+        if f"bwd:{i}" not in phases:
+            raise CkptplanError(
+                f"the output of block {path} needs no gradient, so it cannot be checkpointed; "
+                "choose other blocks with --blocks"
+            )
+    base = persistent_bytes
+    profiles: list[BlockProfile] = []
+    for i, (path, module) in enumerate(blocks):
+        call = recorder.calls[i]
+        label = f"fwd:{i}"
+        saved_here = recorder.saved.get(label, {})
+        boundary = {call.input_key, call.output_key}
+        saved_bytes = sum(
+            size
+            for key, (size, allocated) in saved_here.items()
+            if allocated == index_of[label] and key not in boundary
+        )
+        before = recorder.saved.get(f"fwd:{i - 1}" if i else "fwd:pre", {})
+        input_kept = call.input_key in saved_here or call.input_key in before
+        bwd_label = f"bwd:{i}"
+        profiles.append(
+            BlockProfile(
+                path=path,
+                class_name=type(module).__name__,
+                input_bytes=call.input_bytes,
+                output_bytes=call.output_bytes,
+                saved_bytes=saved_bytes,
+                input_kept=input_kept,
+                joins_previous=call.joins_previous,
+                parameter_bytes=storage_bytes(module.parameters()),
+                fwd_start=base + phases[label].start,
+                fwd_peak=base + phases[label].peak,
+                fwd_peak_nograd=nograd[i],
+                bwd_start=base + phases[bwd_label].start,
+                bwd_peak=base + phases[bwd_label].peak,
+                grads_at_bwd_end=recorder.grads_at.get(f"{bwd_label}:end", 0),
+                flops_fwd=costs.flops[label],
+                flops_bwd=costs.flops[bwd_label],
+                time_fwd=costs.time[label],
+                time_bwd=costs.time[bwd_label],
+            )
+        )
+    tail = tuple((base + phases[label].peak, _EVENTS[label]) for label in ("fwd:post", "bwd:post"))
+    fixed = tuple(
+        (base + phases[label].peak, _EVENTS[label])
+        for label in ("fwd:pre", "bwd:pre", "opt")
+        if label in phases
+    )
+    optimizer_state = [
+        t
+        for s in (optimizer.state.values() if optimizer else ())
+        for t in s.values()
+        if isinstance(t, torch.Tensor)
+    ]
+    return Profile(
+        model_name=model_file.name,
+        fingerprint=model_fingerprint(model),
+        inputs=inputs_signature(inputs),
+        settings=settings,
+        blocks=tuple(profiles),
+        parameter_bytes=storage_bytes(model.parameters()),
+        optimizer_bytes=storage_bytes(optimizer_state),
+        input_bytes=storage_bytes(
+            t for t in pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor)
+        ),
+        persistent_bytes=persistent_bytes,
+        peak_bytes=base + recorder.tracker.peak,
+        tail_peaks=tail,
+        fixed_peaks=fixed,
+        step_time=sum(costs.time.values()),
+        flops=sum(costs.flops.values()),
+        phases=tuple((p.label, base + p.start, base + p.peak) for p in recorder.tracker.phases),
+    )

@@ -1,0 +1,64 @@
+"""Predict a plan's training step: its peak (by category), recompute and step time.
+
+The peak comes from the chain model the solvers optimise (``ckptplan.solvers.chain``); this
+module adds what a person wants to read: which event peaks and what the bytes there are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ckptplan.profile import Profile
+from ckptplan.solvers.chain import Chain, Schedule
+
+
+@dataclass(frozen=True)
+class Prediction:
+    peak_bytes: int
+    peak_event: str
+    parameters: int
+    gradients: int
+    optimizer: int
+    inputs: int
+    activations: int
+    recompute_time_s: float
+    step_time_s: float
+
+    @property
+    def overhead(self) -> float:
+        """Predicted extra step time from recomputation, as a fraction of the unchecked step."""
+        return self.recompute_time_s / self.step_time_s if self.step_time_s else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "overhead": self.overhead}
+
+
+def _gradients_at(profile: Profile, event: str) -> int:
+    """Gradient bytes present at an event (an upper bound inside a block's backward)."""
+    if event == "optimizer step" or event == "backward before the blocks":
+        return profile.gradient_bytes
+    for block in profile.blocks:
+        if event in (f"backward of {block.path}", f"recompute of {block.path}"):
+            return block.grads_at_bwd_end
+    if event.startswith("backward after"):
+        return profile.blocks[-1].grads_at_bwd_end - profile.blocks[-1].parameter_bytes
+    return 0
+
+
+def predict(profile: Profile, chain: Chain, schedule: Schedule, scope: str = "step") -> Prediction:
+    """The prediction of ``schedule``; in scope ``activations`` the peak counts activations."""
+    gradients = _gradients_at(profile, schedule.peak_event)
+    persistent = profile.persistent_bytes
+    activations = schedule.peak - (persistent + gradients if scope == "step" else 0)
+    return Prediction(
+        peak_bytes=schedule.peak,
+        peak_event=schedule.peak_event,
+        parameters=profile.parameter_bytes,
+        gradients=gradients,
+        optimizer=profile.optimizer_bytes,
+        inputs=profile.input_bytes,
+        activations=max(0, activations),
+        recompute_time_s=schedule.recompute_time,
+        step_time_s=profile.step_time,
+    )

@@ -1,0 +1,76 @@
+"""One training step as ckptplan predicts and measures it: forward, backward, optimizer step."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from ckptplan.errors import CkptplanError
+
+OPTIMIZERS = ("adamw", "adam", "sgd", "none")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def make_optimizer(name: str, model: torch.nn.Module) -> torch.optim.Optimizer | None:
+    """The optimizer whose state the budget counts (``sgd`` is SGD with momentum)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=1e-4, foreach=False)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=1e-4, foreach=False)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=False)
+    if name == "none":
+        return None
+    raise CkptplanError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise CkptplanError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}") from None
+
+
+def cast_floating(tree: object, dtype: torch.dtype) -> object:
+    """Floating tensors of an input structure in ``dtype``; integer ids stay as they are."""
+    if isinstance(tree, torch.Tensor):
+        return tree.to(dtype) if tree.is_floating_point() else tree
+    if isinstance(tree, tuple | list):
+        return type(tree)(cast_floating(t, dtype) for t in tree)
+    if isinstance(tree, dict):
+        return {k: cast_floating(v, dtype) for k, v in tree.items()}
+    return tree
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer | None) -> Iterator[torch.Tensor]:
+    if optimizer is None:
+        return
+    for state in optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                yield value
+
+
+def input_tensors(inputs: object) -> Iterator[torch.Tensor]:
+    if isinstance(inputs, torch.Tensor):
+        yield inputs
+    elif isinstance(inputs, tuple | list):
+        for item in inputs:
+            yield from input_tensors(item)
+    elif isinstance(inputs, dict):
+        for item in inputs.values():
+            yield from input_tensors(item)
+
+
+def persistent_tensors(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, inputs: object
+) -> list[torch.Tensor]:
+    """What lives across steps: parameters, buffers, optimizer state and the batch."""
+    return [
+        *model.parameters(),
+        *model.buffers(),
+        *optimizer_tensors(optimizer),
+        *input_tensors(inputs),
+    ]

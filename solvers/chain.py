@@ -1,0 +1,175 @@
+"""The chain model of a training step, shared by every chain solver and by the simulator.
+
+A chain is the sequence of blocks (transformer layers, residual blocks) of one training step,
+described by what an *unchecked* step does: the live bytes at the start and peak of each block's
+forward and backward. A plan checkpoints runs of consecutive blocks (segments). Checkpointing
+block k lowers every later live-bytes figure by its *saving* (the bytes autograd no longer keeps
+for it), until its segment is recomputed at the start of the segment's backward.
+
+With ``P`` the savings of all checkpointed blocks before a run, every event inside the run has
+live bytes ``value - P``: that form lets the dynamic programme compose runs right to left. The
+execution it describes is non-reentrant ``torch.utils.checkpoint`` (DESIGN.md section 4).
+
+Example:
+    >>> blocks = [ChainBlock(f"b{i}", fwd_time=1.0, input_bytes=10, saved_bytes=30,
+    ...           input_kept=True, fwd_start=100 + 40 * i, fwd_peak=150 + 40 * i,
+    ...           fwd_peak_nograd=20, bwd_start=140 + 40 * i, bwd_peak=170 + 40 * i)
+    ...           for i in range(4)]
+    >>> chain = Chain(tuple(blocks), tail_peaks=((280, "loss"),), fixed_peaks=((120, "embed"),))
+    >>> simulate(chain, []).peak, simulate(chain, [(0, 2), (2, 4)]).peak
+    (290, 220)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+Segment = tuple[int, int]
+"""A checkpointed run of blocks ``[start, end)`` (0-based, end exclusive)."""
+
+
+@dataclass(frozen=True)
+class ChainBlock:
+    """One block of the chain, measured on the unchecked training step (bytes, seconds)."""
+
+    name: str
+    fwd_time: float
+    input_bytes: int
+    saved_bytes: int
+    """Bytes autograd keeps for this block's backward, its input and output excluded."""
+    input_kept: bool
+    """Whether the unchecked step keeps the block's input alive until its backward."""
+    fwd_start: int
+    fwd_peak: int
+    fwd_peak_nograd: int
+    """Transient of the forward under ``no_grad`` (as checkpointed blocks run), above the start."""
+    bwd_start: int
+    """Live bytes when the gradient of the block's output is ready."""
+    bwd_peak: int
+    joins_previous: bool = True
+    """Whether the block may share a segment with the block before it."""
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A training step as a chain of blocks, plus the events outside the blocks."""
+
+    blocks: tuple[ChainBlock, ...]
+    tail_peaks: tuple[tuple[int, str], ...] = ()
+    """(live bytes, label) of events after the last block's forward and before its backward."""
+    fixed_peaks: tuple[tuple[int, str], ...] = ()
+    """(live bytes, label) of events no plan changes (embedding, optimizer step)."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A solver's answer: the checkpointed segments and their predicted cost."""
+
+    solver: str
+    segments: tuple[Segment, ...]
+    peak: int
+    recompute_time: float
+    peak_event: str
+    optimal: bool = False
+
+
+class InfeasibleBudget(ValueError):
+    """No plan of this solver fits the budget; ``least_peak`` is the smallest peak it can reach."""
+
+    def __init__(self, budget: int, least_peak: int) -> None:
+        super().__init__(f"budget {budget} B is below the least feasible peak {least_peak} B")
+        self.budget = budget
+        self.least_peak = least_peak
+
+
+@dataclass(frozen=True)
+class RunTerms:
+    """Events of one run of blocks as ``value - P``, with the run's saving and recompute time."""
+
+    events: tuple[tuple[float, str], ...]
+    saving: int
+    recompute_time: float
+
+    def local_peak(self) -> tuple[float, str]:
+        return max(self.events)
+
+
+def block_saving(block: ChainBlock, starts_segment: bool) -> int:
+    """Bytes no longer kept through forward when ``block`` is checkpointed."""
+    kept_input_plain = block.input_bytes if block.input_kept else 0
+    kept_input_ckpt = block.input_bytes if starts_segment else 0
+    return block.saved_bytes + kept_input_plain - kept_input_ckpt
+
+
+def run_terms(chain: Chain, start: int, end: int, checkpointed: bool) -> RunTerms:
+    """The events of blocks ``[start, end)``, either unchecked (one block) or as one segment."""
+    blocks = chain.blocks[start:end]
+    if not checkpointed:
+        assert end == start + 1, "an unchecked run is one block"
+        b = blocks[0]
+        return RunTerms(
+            events=((b.fwd_peak, f"forward of {b.name}"), (b.bwd_peak, f"backward of {b.name}")),
+            saving=0,
+            recompute_time=0.0,
+        )
+    savings = [block_saving(b, i == 0) for i, b in enumerate(blocks)]
+    total = sum(savings)
+    last = blocks[-1]
+    first = blocks[0]
+    extra_input = 0 if first.input_kept else first.input_bytes
+    events: list[tuple[float, str]] = []
+    saved_before = 0
+    restored = 0
+    for i, b in enumerate(blocks):
+        events.append((b.fwd_start - saved_before + b.fwd_peak_nograd, f"forward of {b.name}"))
+        recompute_live = last.bwd_start - total + restored
+        events.append((recompute_live + b.fwd_peak - b.fwd_start, f"recompute of {b.name}"))
+        events.append((b.bwd_peak + extra_input, f"backward of {b.name}"))
+        saved_before += savings[i]
+        restored += b.saved_bytes if i == 0 else savings[i]
+    return RunTerms(tuple(events), total, sum(b.fwd_time for b in blocks))
+
+
+def validate_segments(chain: Chain, segments: Sequence[Segment]) -> list[Segment]:
+    """Sorted, non-overlapping, in range, and joining only blocks that may share a segment."""
+    ordered = sorted(segments)
+    previous_end = 0
+    for start, end in ordered:
+        if not 0 <= start < end <= len(chain.blocks) or start < previous_end:
+            raise ValueError(f"segment {(start, end)} overlaps another or is out of range")
+        for k in range(start + 1, end):
+            if not chain.blocks[k].joins_previous:
+                raise ValueError(f"block {chain.blocks[k].name} cannot join the segment before it")
+        previous_end = end
+    return ordered
+
+
+def runs(chain: Chain, segments: Sequence[Segment]) -> list[tuple[int, int, bool]]:
+    """Split the chain into checkpointed segments and single unchecked blocks, in order."""
+    out: list[tuple[int, int, bool]] = []
+    position = 0
+    for start, end in validate_segments(chain, segments):
+        out.extend((k, k + 1, False) for k in range(position, start))
+        out.append((start, end, True))
+        position = end
+    out.extend((k, k + 1, False) for k in range(position, len(chain.blocks)))
+    return out
+
+
+def simulate(chain: Chain, segments: Sequence[Segment], solver: str = "given") -> Schedule:
+    """Predicted peak and recompute time of a training step that checkpoints ``segments``."""
+    saved = 0
+    recompute = 0.0
+    peak: tuple[float, str] = max(
+        ((float(v), e) for v, e in chain.fixed_peaks), default=(0.0, "start")
+    )
+    for start, end, checkpointed in runs(chain, segments):
+        terms = run_terms(chain, start, end, checkpointed)
+        value, event = terms.local_peak()
+        peak = max(peak, (value - saved, event))
+        saved += terms.saving
+        recompute += terms.recompute_time
+    for value, event in chain.tail_peaks:
+        peak = max(peak, (value - saved, event))
+    return Schedule(solver, tuple(sorted(segments)), int(peak[0]), recompute, peak[1])

@@ -1,0 +1,94 @@
+"""Optimal flat checkpointing of a chain: the least recompute time whose peak fits a budget.
+
+The dynamic programme runs right to left. For the suffix of blocks from ``s`` it keeps the
+Pareto frontier of ``(Q, cost)``: ``Q`` is the suffix's peak plus the savings of the blocks
+before it (so the true peak is ``Q - P``), ``cost`` its recompute time. A run ``[s, e)`` placed in
+front of a suffix point ``(Q', c')`` gives ``Q = max(Q' - saving(run), local peak of the run)``,
+monotone in ``Q'``, so discarding dominated points keeps the answer exact. One pass yields every
+plan on the memory/time frontier; the budget only picks a point of it.
+
+Example:
+    >>> from ckptplan.solvers.chain import Chain, ChainBlock
+    >>> blocks = tuple(ChainBlock(f"b{i}", 1.0, 10, 30, True, 100 + 40 * i, 150 + 40 * i, 20,
+    ...                           140 + 40 * i, 170 + 40 * i) for i in range(4))
+    >>> plan = solve(Chain(blocks, tail_peaks=((280, "loss"),)), budget=230)
+    >>> plan.peak <= 230, plan.recompute_time
+    (True, 2.0)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ckptplan.solvers.chain import Chain, InfeasibleBudget, Schedule, Segment, run_terms, simulate
+
+
+@dataclass(frozen=True)
+class _Point:
+    q: float
+    cost: float
+    run: tuple[int, int, bool] | None
+    rest: _Point | None
+
+    def segments(self) -> list[Segment]:
+        out: list[Segment] = []
+        point: _Point | None = self
+        while point is not None and point.run is not None:
+            start, end, checkpointed = point.run
+            if checkpointed:
+                out.append((start, end))
+            point = point.rest
+        return out
+
+
+def _pareto(points: list[_Point]) -> list[_Point]:
+    points.sort(key=lambda p: (p.q, p.cost))
+    kept: list[_Point] = []
+    for p in points:
+        if not kept or p.cost < kept[-1].cost - 1e-12:
+            kept.append(p)
+    return kept
+
+
+def frontier(chain: Chain, max_segment: int | None = None) -> list[Schedule]:
+    """Every Pareto-optimal flat plan of the chain, from the fastest to the smallest."""
+    n = len(chain.blocks)
+    tail = max((v for v, _ in chain.tail_peaks), default=0)
+    suffix: list[list[_Point]] = [[] for _ in range(n + 1)]
+    suffix[n] = [_Point(float(tail), 0.0, None, None)]
+    longest = n if max_segment is None else max_segment
+    for s in range(n - 1, -1, -1):
+        candidates: list[_Point] = []
+        options = [(s, s + 1, False)]
+        for e in range(s + 1, min(n, s + longest) + 1):
+            if e > s + 1 and not chain.blocks[e - 1].joins_previous:
+                break
+            options.append((s, e, True))
+        for start, end, checkpointed in options:
+            terms = run_terms(chain, start, end, checkpointed)
+            local = terms.local_peak()[0]
+            for rest in suffix[end]:
+                q = max(rest.q - terms.saving, local)
+                candidates.append(
+                    _Point(q, rest.cost + terms.recompute_time, (start, end, checkpointed), rest)
+                )
+        suffix[s] = _pareto(candidates)
+    best: dict[int, Schedule] = {}
+    for point in suffix[0]:
+        plan = simulate(chain, point.segments(), "dp")
+        if plan.peak not in best or plan.recompute_time < best[plan.peak].recompute_time:
+            best[plan.peak] = plan
+    return sorted(best.values(), key=lambda p: p.recompute_time)
+
+
+def solve(chain: Chain, budget: int, max_segment: int | None = None) -> Schedule:
+    """The plan of least recompute time with predicted peak <= ``budget``.
+
+    Raises ``InfeasibleBudget`` (with the least reachable peak) when no flat plan fits.
+    """
+    plans = frontier(chain, max_segment)
+    fitting = [p for p in plans if p.peak <= budget]
+    if not fitting:
+        raise InfeasibleBudget(budget, min(p.peak for p in plans))
+    best = min(fitting, key=lambda p: (p.recompute_time, p.peak))
+    return Schedule("dp", best.segments, best.peak, best.recompute_time, best.peak_event, True)
