@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 _API = {
     "solve": "ckptplan.api",
-    "apply": "ckptplan.apply",
+    "apply": "ckptplan.wrapping",
     "verify": "ckptplan.api",
     "profile": "ckptplan.api",
     "Plan": "ckptplan.plan",

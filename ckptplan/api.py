@@ -19,7 +19,7 @@ from ckptplan.loading import Inputs, LiveModel, Workload, load_model_file
 from ckptplan.measure import Verification, verify_plan
 from ckptplan.plan import Plan, Region, as_plan
 from ckptplan.problem import to_chain
-from ckptplan.profile import Profile, Settings, profile_model
+from ckptplan.profiler import Profile, Settings, profile_model
 from ckptplan.simulate import predict
 from ckptplan.solvers import BASELINES, SOLVERS, run_solver
 from ckptplan.solvers.chain import InfeasibleBudget

@@ -11,12 +11,11 @@ from __future__ import annotations
 import copy
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
-from ckptplan.apply import apply
 from ckptplan.loading import Workload, call_model
 from ckptplan.memtrack import LiveStorageTracker, storage_bytes
 from ckptplan.plan import Plan
@@ -26,6 +25,7 @@ from ckptplan.training import (
     parse_dtype,
     persistent_tensors,
 )
+from ckptplan.wrapping import apply
 
 
 @dataclass(frozen=True)
@@ -41,11 +41,24 @@ class Verification:
     step_time_s: float
     baseline_step_time_s: float
     max_grad_abs_diff: float
+    grad_tolerance: float
     regions: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "within_budget": self.within_budget,
+            "grads_match": self.grads_match,
+            "prediction_error": self.prediction_error,
+        }
 
     @property
     def within_budget(self) -> bool:
         return self.measured_peak_bytes <= self.budget_bytes
+
+    @property
+    def grads_match(self) -> bool:
+        return self.max_grad_abs_diff <= self.grad_tolerance
 
     @property
     def prediction_error(self) -> float:
@@ -157,6 +170,7 @@ def verify_plan(
         step_time_s=planned_time,
         baseline_step_time_s=baseline_time,
         max_grad_abs_diff=max_diff,
+        grad_tolerance=1e-6 if dtype == torch.float32 else 1e-2,
         regions=len(plan.regions),
     )
 

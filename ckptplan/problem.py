@@ -8,10 +8,9 @@ the gradients present at each event are taken out of every figure.
 from __future__ import annotations
 
 from ckptplan.errors import CkptplanError
-from ckptplan.profile import Profile
+from ckptplan.options import SCOPES
+from ckptplan.profiler import Profile
 from ckptplan.solvers.chain import Chain, ChainBlock
-
-SCOPES = ("step", "activations")
 
 
 def to_chain(profile: Profile, scope: str = "step") -> Chain:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ckptplan.profile import Profile
+from ckptplan.profiler import Profile
 from ckptplan.solvers.chain import Chain, Schedule
 
 

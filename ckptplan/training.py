@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import torch
 
 from ckptplan.errors import CkptplanError
+from ckptplan.options import OPTIMIZERS
 
-OPTIMIZERS = ("adamw", "adam", "sgd", "none")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 

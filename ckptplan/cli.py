@@ -1,0 +1,231 @@
+"""The ``ckptplan`` command: a thin shell over the Python API.
+
+Torch is imported inside the commands that need it, so ``ckptplan remat`` and ``ckptplan show``
+start fast. A user error prints one line, ``error: ...``, and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+from rich.console import Console
+
+from ckptplan import __version__
+from ckptplan.devices import DEVICES
+from ckptplan.errors import CkptplanError
+from ckptplan.options import DTYPES, OPTIMIZERS, SCOPES
+from ckptplan.solvers import SOLVERS
+
+
+class UserError(click.ClickException):
+    """A CkptplanError as click shows it: one line on stderr, exit status 2."""
+
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.message}", err=True)
+
+
+def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except CkptplanError as exc:
+            raise UserError(str(exc)) from None
+
+    return wrapper
+
+
+def _print_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2))
+
+
+@click.group()
+@click.version_option(__version__, prog_name="ckptplan")
+def cli() -> None:
+    """Find the best activation-checkpointing plan for a PyTorch model, and apply it."""
+
+
+_model_options = [
+    click.option("--batch-size", type=int, default=None, help="Override the file's batch size."),
+    click.option(
+        "--optimizer",
+        type=click.Choice(OPTIMIZERS),
+        default="adamw",
+        show_default=True,
+        help="Optimizer whose state the budget counts.",
+    ),
+    click.option(
+        "--dtype",
+        type=click.Choice(DTYPES),
+        default="fp32",
+        show_default=True,
+        help="Parameter and activation dtype.",
+    ),
+    click.option(
+        "--device",
+        type=click.Choice(sorted(DEVICES)),
+        default="cpu",
+        show_default=True,
+        help="Device whose roofline estimates op times.",
+    ),
+    click.option(
+        "--blocks",
+        default=None,
+        help="Module paths of the chain's blocks, e.g. 'layers.*' (default: found).",
+    ),
+]
+
+
+def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(_model_options):
+        command = option(command)
+    return command
+
+
+@cli.command()
+@click.argument("model_file", type=click.Path(dir_okay=False))
+@click.option(
+    "--budget",
+    required=True,
+    help="Peak memory of a step: 12GB, 11.5GiB, 800MB, bytes, 0.6 or 60%.",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the plan here (JSON).",
+)
+@click.option("--solver", type=click.Choice(SOLVERS), default="dp", show_default=True)
+@click.option("--every", type=int, default=2, show_default=True, help="k for --solver every-k.")
+@click.option(
+    "--max-segment", type=int, default=None, help="Longest run of blocks one region may hold."
+)
+@click.option(
+    "--scope",
+    type=click.Choice(SCOPES),
+    default="step",
+    show_default=True,
+    help="Budget the whole step, or activations alone.",
+)
+@model_options
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@user_errors
+def solve(
+    model_file: str,
+    budget: str,
+    output: str | None,
+    solver: str,
+    every: int,
+    max_segment: int | None,
+    scope: str,
+    batch_size: int | None,
+    optimizer: str,
+    dtype: str,
+    device: str,
+    blocks: str | None,
+    as_json: bool,
+) -> None:
+    """Profile MODEL_FILE on fake tensors and find the plan that fits BUDGET."""
+    from ckptplan.api import solve as solve_plan
+    from ckptplan.report import show_plan
+
+    plan = solve_plan(
+        model_file,
+        budget=budget,
+        solver=solver,
+        scope=scope,
+        every=every,
+        max_segment=max_segment,
+        batch_size=batch_size,
+        optimizer=optimizer,
+        dtype=dtype,
+        device=device,
+        blocks=blocks,
+    )
+    if output:
+        plan.save(output)
+    if as_json:
+        _print_json(
+            {
+                "budget_bytes": plan.budget["bytes"],
+                "predicted_peak_bytes": plan.predicted["peak_bytes"],
+                "predicted_overhead": plan.predicted["overhead"],
+                "solver": plan.solver,
+                "regions": [list(r.modules) for r in plan.regions],
+                "plan": plan.to_json(),
+            }
+        )
+        return
+    console = Console()
+    show_plan(plan, console)
+    if output:
+        console.print(
+            f"plan written to [bold]{output}[/]; in training: "
+            f"model = ckptplan.apply(model, {output!r})"
+        )
+
+
+@cli.command()
+@click.argument("plan_file", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the plan file's JSON.")
+@user_errors
+def show(plan_file: str, as_json: bool) -> None:
+    """Print a plan without loading its model."""
+    from ckptplan.plan import Plan
+    from ckptplan.report import show_plan
+
+    plan = Plan.load(plan_file)
+    if as_json:
+        _print_json(plan.to_json())
+    else:
+        show_plan(plan, Console())
+
+
+@cli.command()
+@click.argument("model_file", type=click.Path(dir_okay=False))
+@click.argument("plan_file", type=click.Path(dir_okay=False))
+@click.option(
+    "--on",
+    "target",
+    default=None,
+    help="Local device to run on (cpu, cuda, cuda:1); default cuda if present.",
+)
+@click.option(
+    "--repeats",
+    type=int,
+    default=3,
+    show_default=True,
+    help="Timed steps per variant (interleaved; the median counts).",
+)
+@click.option("--force", is_flag=True, help="Apply even if the model's fingerprint differs.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@user_errors
+def verify(
+    model_file: str, plan_file: str, target: str | None, repeats: int, force: bool, as_json: bool
+) -> None:
+    """Run a training step with and without the plan: peak, time and gradients.
+
+    Exits with status 1 when the measured peak exceeds the budget or gradients differ.
+    """
+    from ckptplan.api import verify as verify_plan
+    from ckptplan.report import show_verification
+
+    result = verify_plan(model_file, plan_file, device=target, repeats=repeats, force=force)
+    if as_json:
+        _print_json(result.to_json())
+    else:
+        show_verification(result, Console())
+    if not (result.within_budget and result.grads_match):
+        sys.exit(1)
+
+
+def main() -> None:
+    cli()

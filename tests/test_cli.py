@@ -1,0 +1,118 @@
+"""The command line: reports, JSON, and one-line errors with exit status 2."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from ckptplan.cli import cli
+
+
+@pytest.fixture
+def run():
+    def invoke(*args: str):
+        return CliRunner().invoke(cli, [str(a) for a in args])
+
+    return invoke
+
+
+def assert_one_line_error(result, *fragments: str) -> None:
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_solve_show_verify(run, tiny_gpt, tmp_path) -> None:
+    plan_path = tmp_path / "plan.json"
+    solved = run("solve", tiny_gpt, "--budget", "70%", "--batch-size", "2", "-o", plan_path)
+    assert solved.exit_code == 0, solved.output
+    assert "GiB" in solved.output and "dp (this plan)" in solved.output
+    plan = json.loads(plan_path.read_text())
+    assert plan["schema"] == "ckptplan.plan/1" and plan["regions"]
+
+    shown = run("show", plan_path)
+    assert shown.exit_code == 0 and "checkpointed regions" in shown.output
+
+    verified = run("verify", tiny_gpt, plan_path, "--json", "--repeats", "1")
+    assert verified.exit_code == 0, verified.output
+    result = json.loads(verified.output)
+    for key in (
+        "budget_bytes",
+        "predicted_peak_bytes",
+        "measured_peak_bytes",
+        "baseline_peak_bytes",
+        "step_time_ratio",
+        "max_grad_abs_diff",
+    ):
+        assert key in result
+    assert result["measured_peak_bytes"] <= result["budget_bytes"]
+    assert result["max_grad_abs_diff"] <= 1e-6
+
+
+def test_solve_json(run, tiny_gpt) -> None:
+    result = run("solve", tiny_gpt, "--budget", "0.8", "--batch-size", "2", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["predicted_peak_bytes"] <= data["budget_bytes"]
+    assert data["plan"]["budget"]["bytes"] == data["budget_bytes"]
+
+
+def test_budget_below_least_feasible_peak(run, tiny_gpt) -> None:
+    result = run("solve", tiny_gpt, "--budget", "1MB", "--batch-size", "2")
+    assert_one_line_error(result, "below the least feasible peak", "--budget")
+
+
+def test_unparsable_budget(run, tiny_gpt) -> None:
+    assert_one_line_error(run("solve", tiny_gpt, "--budget", "12XB"), "12XB")
+
+
+def test_missing_model_file(run, tmp_path) -> None:
+    assert_one_line_error(run("solve", tmp_path / "nope.py", "--budget", "1GB"), "not found")
+
+
+def test_model_file_without_build_model(run, write_model) -> None:
+    path = write_model("import torch\n")
+    assert_one_line_error(run("solve", path, "--budget", "1GB"), "build_model")
+
+
+def test_plan_for_another_model(run, tiny_gpt, write_model, tmp_path) -> None:
+    plan_path = tmp_path / "plan.json"
+    assert (
+        run(
+            "solve",
+            tiny_gpt,
+            "--budget",
+            "1.0",
+            "--solver",
+            "none",
+            "--batch-size",
+            "2",
+            "-o",
+            plan_path,
+        ).exit_code
+        == 0
+    )
+    other = write_model(
+        "import torch\nfrom torch import nn\n"
+        "def build_model():\n    return nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))\n"
+        "def example_inputs(batch_size=2):\n    return (torch.randn(batch_size, 4),)\n"
+    )
+    assert_one_line_error(run("verify", other, plan_path), "made for another model")
+
+
+def test_a_file_that_is_not_a_plan(run, tmp_path) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text("[]")
+    assert_one_line_error(run("show", path), "not a ckptplan plan")
+
+
+def test_module_entry_point() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "ckptplan", "--help"], capture_output=True, text=True, check=True
+    )
+    assert "solve" in result.stdout and "verify" in result.stdout

@@ -1,0 +1,49 @@
+"""solve -> apply -> verify on the sample models: the walking skeleton's promises."""
+
+import pytest
+
+import ckptplan
+from ckptplan.problem import to_chain
+from ckptplan.solvers import run_solver
+from tests.conftest import ROOT
+
+SAMPLES = ROOT / "sample_models"
+
+
+@pytest.fixture(scope="module")
+def gpt_bounds() -> tuple[int, int]:
+    full = ckptplan.solve(SAMPLES / "gpt.py", budget="1.0", solver="full", batch_size=2)
+    return full.predicted["peak_bytes"], full.baselines["none"]["peak_bytes"]
+
+
+@pytest.mark.parametrize("position", [0.02, 0.25, 0.5, 0.75, 1.0])
+def test_gpt_plans_fit_their_budget_and_keep_gradients(gpt_bounds, position) -> None:
+    low, high = gpt_bounds
+    budget = int(low + position * (high - low))
+    plan = ckptplan.solve(SAMPLES / "gpt.py", budget=str(budget), batch_size=2)
+    result = ckptplan.verify(SAMPLES / "gpt.py", plan, repeats=1)
+    assert result.measured_peak_bytes <= budget
+    assert result.prediction_error <= 0.10
+    assert result.max_grad_abs_diff <= 1e-6
+
+
+def test_smaller_budgets_buy_memory_with_recompute(gpt_bounds) -> None:
+    low, high = gpt_bounds
+    plans = [
+        ckptplan.solve(SAMPLES / "gpt.py", budget=str(int(low + f * (high - low))), batch_size=2)
+        for f in (0.1, 0.5, 0.9)
+    ]
+    overheads = [p.predicted["recompute_time_s"] for p in plans]
+    assert overheads[0] > overheads[1] > overheads[2]
+    assert len({p.regions for p in plans}) == 3
+
+
+@pytest.mark.parametrize("name", ["mlp", "gpt", "resnet", "unet", "vit"])
+def test_dp_beats_fixed_policies_on_every_sample(name) -> None:
+    profile = ckptplan.profile(SAMPLES / f"{name}.py", batch_size=1)
+    chain = to_chain(profile)
+    for fixed in ("sqrt", "full", "every-k"):
+        baseline = run_solver(fixed, chain, None, every=2)
+        plan = run_solver("dp", chain, baseline.peak)
+        assert plan.peak <= baseline.peak
+        assert plan.recompute_time <= baseline.recompute_time + 1e-12

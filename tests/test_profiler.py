@@ -1,0 +1,76 @@
+"""The fake-tensor profiler: blocks found, costs measured, nothing allocated."""
+
+import resource
+
+import pytest
+
+from ckptplan.errors import CkptplanError
+from ckptplan.loading import load_model_file
+from ckptplan.profiler import Settings, find_blocks, profile_model
+from tests.conftest import MODELS, ROOT
+
+
+def test_finds_the_layers_and_measures_them(tiny_gpt) -> None:
+    profile = profile_model(load_model_file(tiny_gpt), Settings(batch_size=4))
+    assert [b.path for b in profile.blocks] == [f"layers.{i}" for i in range(6)]
+    first, *rest = profile.blocks
+    assert not first.joins_previous and all(b.joins_previous for b in rest)
+    for block in profile.blocks:
+        assert block.saved_bytes > 0 and block.input_kept
+        assert block.fwd_peak >= block.fwd_start > profile.persistent_bytes
+        assert block.bwd_peak >= block.bwd_start
+        assert block.flops_fwd > 0 and block.flops_bwd > block.flops_fwd
+    # Forward accumulates what backward releases: live bytes grow block by block.
+    starts = [b.fwd_start for b in profile.blocks]
+    assert starts == sorted(starts)
+    assert profile.peak_bytes == max(p for _, _, p in profile.phases)
+
+
+def test_batch_size_scales_activations(tiny_gpt) -> None:
+    small = profile_model(load_model_file(tiny_gpt), Settings(batch_size=2))
+    large = profile_model(load_model_file(tiny_gpt), Settings(batch_size=8))
+    assert large.blocks[0].saved_bytes == pytest.approx(4 * small.blocks[0].saved_bytes, rel=0.05)
+    assert large.parameter_bytes == small.parameter_bytes
+
+
+def test_optimizer_state_is_counted(tiny_gpt) -> None:
+    adamw = profile_model(load_model_file(tiny_gpt), Settings(batch_size=2, optimizer="adamw"))
+    sgd = profile_model(load_model_file(tiny_gpt), Settings(batch_size=2, optimizer="sgd"))
+    none = profile_model(load_model_file(tiny_gpt), Settings(batch_size=2, optimizer="none"))
+    assert none.optimizer_bytes == 0
+    assert sgd.optimizer_bytes == pytest.approx(sgd.parameter_bytes, rel=0.01)
+    assert adamw.optimizer_bytes >= 2 * adamw.parameter_bytes
+
+
+def test_a_40gb_model_is_profiled_without_allocating_it() -> None:
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    profile = profile_model(load_model_file(MODELS / "huge_mlp.py"), Settings())
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert profile.parameter_bytes > 40e9
+    assert len(profile.blocks) == 4
+    assert grown_kib < 1_000_000
+
+
+def test_blocks_pattern_overrides(tiny_gpt) -> None:
+    model = load_model_file(tiny_gpt).build()
+    assert [p for p, _ in find_blocks(model, "layers.1,layers.3")] == ["layers.1", "layers.3"]
+    assert [p for p, _ in find_blocks(model, "layers.*")][:2] == ["layers.0", "layers.1"]
+    with pytest.raises(CkptplanError, match="matches no module"):
+        find_blocks(model, "decoder.*")
+
+
+def test_blocks_that_do_not_chain_are_not_joined() -> None:
+    unet = profile_model(
+        load_model_file(ROOT / "sample_models" / "unet.py"), Settings(batch_size=1)
+    )
+    assert unet.blocks
+    assert all(b.input_bytes > 0 for b in unet.blocks)
+
+
+def test_a_model_without_repeated_blocks(write_model) -> None:
+    path = write_model(
+        "import torch\ndef build_model():\n    return torch.nn.Linear(4, 4)\n"
+        "def example_inputs(batch_size=2):\n    return (torch.randn(batch_size, 4),)\n"
+    )
+    with pytest.raises(CkptplanError, match="--blocks"):
+        profile_model(load_model_file(path), Settings())
