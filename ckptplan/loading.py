@@ -156,7 +156,9 @@ def load_model_file(path: str | Path) -> ModelFile:
         spec.loader.exec_module(module)
     except Exception as exc:
         del sys.modules[name]
-        raise CkptplanError(f"importing {file.name} failed: {_where(exc, file)}") from None
+        raise CkptplanError(
+            f"importing {file.name} failed: {describe_exception(exc, file)}"
+        ) from None
     for required, signature in _SIGNATURES.items():
         if not callable(getattr(module, required, None)):
             raise CkptplanError(f"{file.name} defines no {required}(); add `{signature}`")
@@ -170,16 +172,16 @@ def _call(model_file: ModelFile, function: str, *args: Any) -> Any:
         raise
     except Exception as exc:
         raise CkptplanError(
-            f"{function}() in {model_file.name} raised {_where(exc, model_file.path)}"
+            f"{function}() in {model_file.name} raised {describe_exception(exc, model_file.path)}"
         ) from None
 
 
-def _where(exc: BaseException, file: Path) -> str:
+def describe_exception(exc: BaseException, file: Path | None) -> str:
     """``Type: message (file.py, line N)`` with the deepest line of the user's file."""
     line = getattr(exc, "lineno", None) if isinstance(exc, SyntaxError) else None
     for frame in traceback.extract_tb(exc.__traceback__):
-        if Path(frame.filename).resolve() == file.resolve():
+        if file is not None and Path(frame.filename).resolve() == file.resolve():
             line = frame.lineno
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    location = f" ({file.name}, line {line})" if line else ""
+    location = f" ({file.name}, line {line})" if line and file is not None else ""
     return f"{type(exc).__name__}: {message}{location}"

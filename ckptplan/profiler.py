@@ -14,6 +14,7 @@ A second, ``no_grad`` forward gives each block's transient when it runs checkpoi
 from __future__ import annotations
 
 import fnmatch
+import logging
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -23,12 +24,13 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ckptplan.costs import OpCostMode
 from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError
 from ckptplan.fingerprint import inputs_signature, model_fingerprint
-from ckptplan.loading import Workload, call_model
+from ckptplan.loading import Workload, call_model, describe_exception
 from ckptplan.memtrack import LiveStorageTracker, storage_bytes, storage_key
 from ckptplan.training import cast_floating, make_optimizer, parse_dtype, persistent_tensors
 
@@ -145,6 +147,19 @@ def find_blocks(model: torch.nn.Module, pattern: str | None = None) -> list[tupl
 def _example_paths(model: torch.nn.Module) -> str:
     paths = [p for p, _ in model.named_modules() if p][:3]
     return ", ".join(paths) if paths else "(the model has no submodules)"
+
+
+class _ValuesReadAsZero(TorchDispatchMode):
+    """Lets value-dependent weight initialisation run on fake tensors while building.
+
+    Initialisers such as ``trunc_normal_`` read a scalar back (``.item()``), which fake
+    tensors cannot answer; the values of fake weights are never used, so reading 0 is safe.
+    """
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.ops.aten._local_scalar_dense.default:
+            return False if args[0].dtype == torch.bool else 0
+        return func(*args, **(kwargs or {}))
 
 
 def _first_tensor(tree: Any) -> torch.Tensor | None:
@@ -267,12 +282,33 @@ class _StepRecorder:
 
 
 def profile_model(model_file: Workload, settings: Settings) -> Profile:
-    """Profile one training step of the model file's model, allocating nothing."""
+    """Profile one training step of the model file's model, allocating nothing.
+
+    An exception raised by the model's own code becomes a one-line error naming its line.
+    """
+    fake_tensor_log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = fake_tensor_log.level
+    fake_tensor_log.setLevel(logging.CRITICAL)
+    try:
+        return _profile(model_file, settings)
+    except CkptplanError:
+        raise
+    except Exception as exc:
+        file = getattr(model_file, "path", None)
+        raise CkptplanError(
+            f"running {model_file.name} on fake tensors failed: {describe_exception(exc, file)}"
+        ) from None
+    finally:
+        fake_tensor_log.setLevel(level)
+
+
+def _profile(model_file: Workload, settings: Settings) -> Profile:
     device = get_device(settings.device)
     dtype = parse_dtype(settings.dtype)
     with FakeTensorMode(allow_non_fake_inputs=True):
         torch.manual_seed(0)
-        model = model_file.build()
+        with _ValuesReadAsZero():
+            model = model_file.build()
         inputs = model_file.inputs(settings.batch_size)
         if dtype != torch.float32:
             model = model.to(dtype)
