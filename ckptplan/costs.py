@@ -1,21 +1,40 @@
-"""FLOPs and bytes moved per aten op, attributed to the phase of the step that runs it.
+"""Per-op records of a training step: module path, bytes, FLOPs, time, and flags.
 
 The flop counter of ``torch.utils.flop_counter`` knows matmuls and convolutions; CPU attention
 (``_scaled_dot_product_flash_attention_for_cpu``) is added here. Pointwise and normalisation ops
-count 0 FLOPs, so the bytes they move carry their time in the roofline estimate.
+count 0 FLOPs, so the bytes they move carry their time in the roofline estimate. With
+``measure=True`` each op is also timed on the device it runs on (real tensors only).
 """
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry
+from torch.utils.module_tracker import ModuleTracker
 
 from ckptplan.devices import Device
+
+
+@dataclass
+class OpRecord:
+    """One aten op of the step, as the profile reports it."""
+
+    op: str
+    phase: str
+    module: str
+    backward: bool
+    output_bytes: int
+    saved_bytes: int
+    flops: float
+    time: float
+    random: bool
+    inplace: bool
 
 
 def _sdpa_cpu_flops(args: tuple[Any, ...], backward: bool) -> float:
@@ -30,6 +49,8 @@ def _sdpa_cpu_flops(args: tuple[Any, ...], backward: bool) -> float:
 
 
 def op_flops(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> float:
+    from torch.utils.flop_counter import flop_registry
+
     packet = func._overloadpacket
     if packet in flop_registry:
         return float(flop_registry[packet](*args, **kwargs, out_val=out))
@@ -40,27 +61,38 @@ def op_flops(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any)
 
 
 def _tensor_bytes(tree: Any) -> int:
-    return sum(
-        t.numel() * t.element_size()
-        for t in pytree.tree_leaves(tree)
-        if isinstance(t, torch.Tensor)
-    )
+    leaves = pytree.tree_leaves(tree)
+    return sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
 
 
-class OpCostMode(TorchDispatchMode):
-    """Sums FLOPs and roofline time per phase label; ``phase`` is set by the caller's hooks."""
+def _is_random(func: Any) -> bool:
+    return torch.Tag.nondeterministic_seeded in func.tags
 
-    def __init__(self, device: Device) -> None:
+
+class OpRecorder(TorchDispatchMode):
+    """Records every aten op with its phase (set by the caller's hooks) and module path."""
+
+    def __init__(self, device: Device, modules: ModuleTracker, measure: bool = False) -> None:
         super().__init__()
         self.device = device
+        self.modules = modules
+        self.measure = measure
         self.phase = "start"
-        self.flops: dict[str, float] = defaultdict(float)
-        self.time: dict[str, float] = defaultdict(float)
+        self.records: list[OpRecord] = []
+
+    def _module_path(self) -> str:
+        names = [p for p in self.modules.parents if p != "Global"]
+        innermost = max(names, key=len, default="")
+        return innermost.split(".", 1)[1] if "." in innermost else ""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        started = time.perf_counter() if self.measure else 0.0
         out = func(*args, **kwargs)
-        if func.is_view:
+        if self.measure and isinstance(out, torch.Tensor) and out.is_cuda:
+            torch.cuda.synchronize(out.device)
+        elapsed = time.perf_counter() - started
+        if func.namespace == "prim" or func.is_view:
             return out
         flops = op_flops(func, args, kwargs, out)
         moved = _tensor_bytes(args) + _tensor_bytes(out)
@@ -68,6 +100,32 @@ class OpCostMode(TorchDispatchMode):
             isinstance(t, torch.Tensor) and t.dtype in (torch.bfloat16, torch.float16)
             for t in pytree.tree_leaves(out)
         )
-        self.flops[self.phase] += flops
-        self.time[self.phase] += self.device.op_time(flops, moved, half)
+        self.records.append(
+            OpRecord(
+                op=str(func),
+                phase=self.phase,
+                module=self._module_path(),
+                backward=self.modules.is_bw,
+                output_bytes=_tensor_bytes(out),
+                saved_bytes=0,
+                flops=flops,
+                time=elapsed if self.measure else self.device.op_time(flops, moved, half),
+                random=_is_random(func),
+                inplace=func._schema.is_mutable,
+            )
+        )
         return out
+
+    def note_saved(self, nbytes: int) -> None:
+        """Autograd saved a tensor for the op just recorded (pack hooks run right after it)."""
+        if self.records:
+            self.records[-1].saved_bytes += nbytes
+
+    def totals(self) -> tuple[dict[str, float], dict[str, float]]:
+        """FLOPs and time per phase."""
+        flops: dict[str, float] = defaultdict(float)
+        seconds: dict[str, float] = defaultdict(float)
+        for r in self.records:
+            flops[r.phase] += r.flops
+            seconds[r.phase] += r.time
+        return flops, seconds

@@ -25,14 +25,21 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.module_tracker import ModuleTracker
 
-from ckptplan.costs import OpCostMode
+from ckptplan.costs import OpRecord, OpRecorder
 from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError
 from ckptplan.fingerprint import inputs_signature, model_fingerprint
 from ckptplan.loading import Workload, call_model, describe_exception
 from ckptplan.memtrack import LiveStorageTracker, storage_bytes, storage_key
-from ckptplan.training import cast_floating, make_optimizer, parse_dtype, persistent_tensors
+from ckptplan.training import (
+    autocast_context,
+    cast_floating,
+    make_optimizer,
+    parse_dtype,
+    persistent_tensors,
+)
 
 _EVENTS = {
     "fwd:pre": "forward before the blocks",
@@ -52,6 +59,9 @@ class Settings:
     dtype: str = "fp32"
     device: str = "cpu"
     blocks: str | None = None
+    autocast: str | None = None
+    measure: bool = False
+    """Time every op on the local device (a real step) instead of the roofline estimate."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +86,10 @@ class BlockProfile:
     flops_bwd: float
     time_fwd: float
     time_bwd: float
+    random: bool = False
+    """Its forward draws random numbers (dropout): recompute must replay the RNG state."""
+    stateful: bool = False
+    """It updates buffers in training (BatchNorm running stats): recompute updates them twice."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +112,8 @@ class Profile:
     flops: float
     phases: tuple[tuple[str, int, int], ...] = field(default=())
     """The timeline: (label, live bytes at start, peak) per phase."""
+    ops: tuple[OpRecord, ...] = field(default=(), repr=False)
+    """Every aten op of the step, forward and backward, in execution order."""
 
     @property
     def gradient_bytes(self) -> int:
@@ -201,7 +217,7 @@ class _StepRecorder:
         self,
         blocks: list[tuple[str, torch.nn.Module]],
         tracker: LiveStorageTracker,
-        costs: OpCostMode | None,
+        costs: OpRecorder | None,
         params: list[torch.nn.Parameter],
     ) -> None:
         self.blocks = blocks
@@ -227,10 +243,10 @@ class _StepRecorder:
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
         label = self.tracker.phases[-1].label if self.tracker.phases else "start"
         key = storage_key(tensor)
-        self.saved.setdefault(label, {})[key] = (
-            tensor.untyped_storage().nbytes(),
-            self.tracker.allocated_in.get(key),
-        )
+        size = tensor.untyped_storage().nbytes()
+        self.saved.setdefault(label, {})[key] = (size, self.tracker.allocated_in.get(key))
+        if self.costs is not None:
+            self.costs.note_saved(size)
         return tensor
 
     def hooks(self) -> Iterator[Any]:
@@ -274,9 +290,11 @@ class _StepRecorder:
                 call.output_bytes = out.untyped_storage().nbytes()
                 if out.requires_grad:
                     out.register_hook(lambda grad: self.mark(f"bwd:{index}"))
-            self._previous = (out, self._previous[1])
             if index == len(self.blocks) - 1:
+                self._previous = (None, None)
                 self.mark("fwd:post")
+            else:
+                self._previous = (out, self._previous[1])
 
         return hook
 
@@ -310,35 +328,18 @@ def _profile(model_file: Workload, settings: Settings) -> Profile:
         with _ValuesReadAsZero():
             model = model_file.build()
         inputs = model_file.inputs(settings.batch_size)
-        if dtype != torch.float32:
-            model = model.to(dtype)
-            inputs = cast_floating(inputs, dtype)
-        model.train()
+        model, inputs = _prepared(model, inputs, dtype)
         blocks = find_blocks(model, settings.blocks)
         optimizer = make_optimizer(settings.optimizer, model)
-        _plain_step(model_file, model, inputs, optimizer)
+        _plain_step(model_file, model, inputs, optimizer, settings.autocast)
         persistent = persistent_tensors(model, optimizer, inputs)
-        persistent_bytes = storage_bytes(persistent)
-        params = [p for p in model.parameters() if p.requires_grad]
-        tracker = LiveStorageTracker(exclude=persistent)
-        costs = OpCostMode(device)
-        recorder = _StepRecorder(blocks, tracker, costs, params)
-        with ExitStack() as stack:
-            for handle in recorder.hooks():
-                stack.callback(handle.remove)
-            stack.enter_context(costs)
-            stack.enter_context(tracker)
-            recorder.mark("fwd:pre")
-            with torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t):
-                loss = model_file.loss(call_model(model, inputs))
-            recorder.mark("bwd:post")
-            loss.backward()
-            del loss
-            recorder.mark("opt")
-            if optimizer is not None:
-                optimizer.step()
-            recorder.mark("end")
-        nograd = _nograd_transients(model, inputs, blocks, persistent)
+        ops = OpRecorder(device, ModuleTracker())
+        recorder = _instrumented_step(
+            model_file, model, inputs, optimizer, blocks, ops, settings.autocast
+        )
+        nograd = _nograd_transients(model, inputs, blocks, persistent, settings.autocast)
+        if settings.measure:
+            ops = _measured_ops(model_file, settings, dtype, device)
         return _assemble(
             model_file,
             model,
@@ -346,11 +347,73 @@ def _profile(model_file: Workload, settings: Settings) -> Profile:
             settings,
             blocks,
             recorder,
-            costs,
+            ops,
             nograd,
-            persistent_bytes,
+            storage_bytes(persistent),
             optimizer,
         )
+
+
+def _prepared(model: torch.nn.Module, inputs: Any, dtype: torch.dtype) -> tuple[Any, Any]:
+    if dtype != torch.float32:
+        model = model.to(dtype)
+        inputs = cast_floating(inputs, dtype)
+    return model.train(), inputs
+
+
+def _instrumented_step(
+    model_file: Workload,
+    model: torch.nn.Module,
+    inputs: Any,
+    optimizer: torch.optim.Optimizer | None,
+    blocks: list[tuple[str, torch.nn.Module]],
+    ops: OpRecorder,
+    autocast: str | None,
+) -> _StepRecorder:
+    """One unchecked step with phases marked, storages tracked and ops recorded."""
+    persistent = persistent_tensors(model, optimizer, inputs)
+    tracker = LiveStorageTracker(exclude=persistent)
+    params = [p for p in model.parameters() if p.requires_grad]
+    recorder = _StepRecorder(blocks, tracker, ops, params)
+    with ExitStack() as stack:
+        for handle in recorder.hooks():
+            stack.callback(handle.remove)
+        stack.enter_context(ops.modules)
+        stack.enter_context(ops)
+        stack.enter_context(tracker)
+        recorder.mark("fwd:pre")
+        with (
+            torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t),
+            autocast_context(autocast, _device_type(inputs)),
+        ):
+            loss = model_file.loss(call_model(model, inputs))
+        recorder.mark("bwd:post")
+        loss.backward()
+        del loss
+        recorder.mark("opt")
+        if optimizer is not None:
+            optimizer.step()
+        recorder.mark("end")
+    return recorder
+
+
+def _measured_ops(
+    model_file: Workload, settings: Settings, dtype: torch.dtype, device: Any
+) -> OpRecorder:
+    """The same step run for real on the local device, every op timed."""
+    torch.manual_seed(0)
+    model, inputs = _prepared(model_file.build(), model_file.inputs(settings.batch_size), dtype)
+    blocks = find_blocks(model, settings.blocks)
+    optimizer = make_optimizer(settings.optimizer, model)
+    _plain_step(model_file, model, inputs, optimizer, settings.autocast)
+    ops = OpRecorder(device, ModuleTracker(), measure=True)
+    _instrumented_step(model_file, model, inputs, optimizer, blocks, ops, settings.autocast)
+    return ops
+
+
+def _device_type(inputs: Any) -> str:
+    tensor = _first_tensor(inputs)
+    return tensor.device.type if tensor is not None else "cpu"
 
 
 def _plain_step(
@@ -358,9 +421,11 @@ def _plain_step(
     model: torch.nn.Module,
     inputs: Any,
     optimizer: torch.optim.Optimizer | None,
+    autocast: str | None,
 ) -> None:
     """A warm-up step, so the optimizer state exists as it does in every later step."""
-    loss = model_file.loss(call_model(model, inputs))
+    with autocast_context(autocast, _device_type(inputs)):
+        loss = model_file.loss(call_model(model, inputs))
     loss.backward()
     if optimizer is not None:
         optimizer.step()
@@ -374,6 +439,7 @@ def _nograd_transients(
     inputs: Any,
     blocks: list[tuple[str, torch.nn.Module]],
     persistent: list[torch.Tensor],
+    autocast: str | None,
 ) -> list[int]:
     """Each block's forward peak above its start when it runs under ``no_grad``."""
     tracker = LiveStorageTracker(exclude=persistent)
@@ -382,6 +448,7 @@ def _nograd_transients(
         for handle in recorder.hooks():
             stack.callback(handle.remove)
         stack.enter_context(torch.no_grad())
+        stack.enter_context(autocast_context(autocast, _device_type(inputs)))
         stack.enter_context(tracker)
         recorder.mark("fwd:pre")
         call_model(model, inputs)
@@ -396,7 +463,7 @@ def _assemble(
     settings: Settings,
     blocks: list[tuple[str, torch.nn.Module]],
     recorder: _StepRecorder,
-    costs: OpCostMode,
+    costs: OpRecorder,
     nograd: list[int],
     persistent_bytes: int,
     optimizer: torch.optim.Optimizer | None,
@@ -416,6 +483,8 @@ def _assemble(
                 "choose other blocks with --blocks"
             )
     base = persistent_bytes
+    flops, seconds = costs.totals()
+    random_phases = {r.phase for r in costs.records if r.random}
     profiles: list[BlockProfile] = []
     for i, (path, module) in enumerate(blocks):
         call = recorder.calls[i]
@@ -446,10 +515,12 @@ def _assemble(
                 bwd_start=base + phases[bwd_label].start,
                 bwd_peak=base + phases[bwd_label].peak,
                 grads_at_bwd_end=recorder.grads_at.get(f"{bwd_label}:end", 0),
-                flops_fwd=costs.flops[label],
-                flops_bwd=costs.flops[bwd_label],
-                time_fwd=costs.time[label],
-                time_bwd=costs.time[bwd_label],
+                flops_fwd=flops[label],
+                flops_bwd=flops[bwd_label],
+                time_fwd=seconds[label],
+                time_bwd=seconds[bwd_label],
+                random=label in random_phases,
+                stateful=_updates_buffers(module),
             )
         )
     tail = tuple((base + phases[label].peak, _EVENTS[label]) for label in ("fwd:post", "bwd:post"))
@@ -479,7 +550,15 @@ def _assemble(
         peak_bytes=base + recorder.tracker.peak,
         tail_peaks=tail,
         fixed_peaks=fixed,
-        step_time=sum(costs.time.values()),
-        flops=sum(costs.flops.values()),
+        step_time=sum(seconds.values()),
+        flops=sum(flops.values()),
         phases=tuple((p.label, base + p.start, base + p.peak) for p in recorder.tracker.phases),
+        ops=tuple(costs.records),
+    )
+
+
+def _updates_buffers(module: torch.nn.Module) -> bool:
+    return any(
+        isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats
+        for m in module.modules()
     )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 import torch
 
@@ -31,6 +33,13 @@ def parse_dtype(name: str) -> torch.dtype:
         return DTYPES[name]
     except KeyError:
         raise CkptplanError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}") from None
+
+
+def autocast_context(name: str | None, device_type: str) -> AbstractContextManager[Any]:
+    """The forward's mixed-precision context (``--autocast bf16``), or nothing."""
+    if name is None:
+        return nullcontext()
+    return torch.autocast(device_type=device_type, dtype=parse_dtype(name))
 
 
 def cast_floating(tree: object, dtype: torch.dtype) -> object:
