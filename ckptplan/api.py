@@ -8,6 +8,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import torch
 from ckptplan.budget import format_budget_at_least, format_bytes, parse_budget
 from ckptplan.errors import CkptplanError
 from ckptplan.loading import Inputs, LiveModel, Workload, load_model_file
-from ckptplan.measure import Verification, verify_plan
+from ckptplan.measure import Verification, fake_run_peak, verify_plan
 from ckptplan.plan import Plan, Region, as_plan
 from ckptplan.problem import to_chain
 from ckptplan.profiler import Profile, Settings, profile_model
@@ -47,12 +48,17 @@ def profile(
     batch_size: int | None = None,
     optimizer: str = "adamw",
     dtype: str = "fp32",
+    autocast: str | None = None,
     device: str = "cpu",
     blocks: str | None = None,
+    measure: bool = False,
 ) -> Profile:
-    """Profile one training step on fake tensors (nothing is allocated)."""
+    """Profile one training step on fake tensors (nothing is allocated).
+
+    ``measure=True`` also runs the step for real on this machine and times every op.
+    """
     workload = _workload(model, example_inputs, loss_fn)
-    settings = Settings(batch_size, optimizer, dtype, device, blocks)
+    settings = Settings(batch_size, optimizer, dtype, device, blocks, autocast, measure)
     return profile_model(workload, settings)
 
 
@@ -69,61 +75,66 @@ def solve(
     batch_size: int | None = None,
     optimizer: str = "adamw",
     dtype: str = "fp32",
+    autocast: str | None = None,
     device: str = "cpu",
     blocks: str | None = None,
+    measure: bool = False,
+    fake_run: bool = True,
 ) -> Plan:
-    """Profile the model and return the plan of least recompute time that fits ``budget``."""
+    """Profile the model and return the plan of least recompute time that fits ``budget``.
+
+    With ``fake_run`` (the default) the chosen plan is executed on fake tensors to confirm
+    its peak; should the real checkpointed code need more than the chain model predicted,
+    the solver is asked again with the difference taken off the budget.
+    """
     if solver not in SOLVERS:
         raise CkptplanError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
     parsed = parse_budget(str(budget))
-    prof = profile(
-        model,
-        example_inputs,
-        loss_fn=loss_fn,
-        batch_size=batch_size,
-        optimizer=optimizer,
-        dtype=dtype,
-        device=device,
-        blocks=blocks,
-    )
+    workload = _workload(model, example_inputs, loss_fn)
+    settings = Settings(batch_size, optimizer, dtype, device, blocks, autocast, measure)
+    prof = profile_model(workload, settings)
     chain = to_chain(prof, scope)
     options = {"every": every, "max_segment": max_segment}
     unchecked = run_solver("none", chain, None, **options)
     budget_bytes = parsed.resolve(unchecked.peak)
-    try:
-        schedule = run_solver(solver, chain, budget_bytes, **options)
-    except InfeasibleBudget as exc:
-        raise CkptplanError(
-            f"budget {format_bytes(budget_bytes)} is below the least feasible peak "
-            f"{format_bytes(exc.least_peak)} of {prof.model_name} with solver {solver} "
-            f"(scope {scope}); use --budget {format_budget_at_least(exc.least_peak)} or more"
-        ) from None
     baselines = {}
     for name in BASELINES:
         base = run_solver(name, chain, None, **options)
         baselines[base.solver] = predict(prof, chain, base, scope).to_json()
-    return Plan(
-        model=prof.model_name,
-        fingerprint=prof.fingerprint,
-        inputs=prof.inputs,
-        budget={"text": parsed.text, "bytes": budget_bytes, "scope": scope},
-        solver=schedule.solver,
-        settings={
-            "batch_size": batch_size,
-            "optimizer": optimizer,
-            "dtype": dtype,
-            "device": device,
-            "blocks": blocks,
-            "scope": scope,
-        },
-        blocks=tuple(b.path for b in prof.blocks),
-        regions=tuple(
-            Region(tuple(b.path for b in prof.blocks[start:end]))
-            for start, end in schedule.segments
-        ),
-        predicted=predict(prof, chain, schedule, scope).to_json(),
-        baselines=baselines,
-    )
+    target = budget_bytes
+    for _ in range(3):
+        try:
+            schedule = run_solver(solver, chain, target, **options)
+        except InfeasibleBudget as exc:
+            least = exc.least_peak + (budget_bytes - target)
+            raise CkptplanError(
+                f"budget {format_bytes(budget_bytes)} is below the least feasible peak "
+                f"{format_bytes(least)} of {prof.model_name} with solver {solver} "
+                f"(scope {scope}); use --budget {format_budget_at_least(least)} or more"
+            ) from None
+        plan = Plan(
+            model=prof.model_name,
+            fingerprint=prof.fingerprint,
+            inputs=prof.inputs,
+            budget={"text": parsed.text, "bytes": budget_bytes, "scope": scope},
+            solver=schedule.solver,
+            settings={**asdict(settings), "scope": scope},
+            blocks=tuple(b.path for b in prof.blocks),
+            regions=tuple(
+                Region(tuple(b.path for b in prof.blocks[start:end]))
+                for start, end in schedule.segments
+            ),
+            predicted=predict(prof, chain, schedule, scope).to_json(),
+            baselines=baselines,
+        )
+        if not fake_run or scope != "step":
+            return plan
+        confirmed = fake_run_peak(workload, plan)
+        plan.predicted["fake_run_peak_bytes"] = confirmed
+        if confirmed <= budget_bytes or solver != "dp":
+            return plan
+        target -= confirmed - budget_bytes
+    return plan
 
 
 def verify(

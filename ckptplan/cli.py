@@ -69,6 +69,12 @@ _model_options = [
         help="Parameter and activation dtype.",
     ),
     click.option(
+        "--autocast",
+        type=click.Choice(DTYPES[1:]),
+        default=None,
+        help="Run forward under torch.autocast in this dtype.",
+    ),
+    click.option(
         "--device",
         type=click.Choice(sorted(DEVICES)),
         default="cpu",
@@ -79,6 +85,11 @@ _model_options = [
         "--blocks",
         default=None,
         help="Module paths of the chain's blocks, e.g. 'layers.*' (default: found).",
+    ),
+    click.option(
+        "--measure",
+        is_flag=True,
+        help="Time every op in a real step on this machine instead of the roofline.",
     ),
 ]
 
@@ -129,8 +140,10 @@ def solve(
     batch_size: int | None,
     optimizer: str,
     dtype: str,
+    autocast: str | None,
     device: str,
     blocks: str | None,
+    measure: bool,
     as_json: bool,
 ) -> None:
     """Profile MODEL_FILE on fake tensors and find the plan that fits BUDGET."""
@@ -147,8 +160,10 @@ def solve(
         batch_size=batch_size,
         optimizer=optimizer,
         dtype=dtype,
+        autocast=autocast,
         device=device,
         blocks=blocks,
+        measure=measure,
     )
     if output:
         plan.save(output)
@@ -171,6 +186,56 @@ def solve(
             f"plan written to [bold]{output}[/]; in training: "
             f"model = ckptplan.apply(model, {output!r})"
         )
+
+
+@cli.command("profile")
+@click.argument("model_file", type=click.Path(dir_okay=False))
+@click.option(
+    "--depth", type=int, default=2, show_default=True, help="Module depth of the per-module table."
+)
+@click.option(
+    "--top",
+    type=int,
+    default=10,
+    show_default=True,
+    help="How many of the largest saved tensors to list.",
+)
+@model_options
+@click.option("--json", "as_json", is_flag=True, help="Print the whole profile as JSON.")
+@user_errors
+def profile_command(
+    model_file: str,
+    depth: int,
+    top: int,
+    batch_size: int | None,
+    optimizer: str,
+    dtype: str,
+    autocast: str | None,
+    device: str,
+    blocks: str | None,
+    measure: bool,
+    as_json: bool,
+) -> None:
+    """Profile MODEL_FILE on fake tensors: memory, FLOPs and time by module."""
+    from ckptplan.api import profile
+    from ckptplan.report import profile_json, show_profile
+
+    console = Console(stderr=as_json)
+    with console.status(f"tracing one training step of {model_file} on fake tensors"):
+        result = profile(
+            model_file,
+            batch_size=batch_size,
+            optimizer=optimizer,
+            dtype=dtype,
+            autocast=autocast,
+            device=device,
+            blocks=blocks,
+            measure=measure,
+        )
+    if as_json:
+        _print_json(profile_json(result, depth))
+    else:
+        show_profile(result, console, depth, top)
 
 
 @cli.command()

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ckptplan.errors import CkptplanError
 
@@ -119,6 +120,25 @@ class LiveModel:
 
 
 Workload = ModelFile | LiveModel
+
+
+class _ValuesReadAsZero(TorchDispatchMode):
+    """Lets value-dependent weight initialisation run on fake tensors while building.
+
+    Initialisers such as ``trunc_normal_`` read a scalar back (``.item()``), which fake
+    tensors cannot answer; the values of fake weights are never used, so reading 0 is safe.
+    """
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.ops.aten._local_scalar_dense.default:
+            return False if args[0].dtype == torch.bool else 0
+        return func(*args, **(kwargs or {}))
+
+
+def build_fake(workload: Workload) -> torch.nn.Module:
+    """Build the model inside an active ``FakeTensorMode`` (weights are never computed)."""
+    with _ValuesReadAsZero():
+        return workload.build()
 
 
 def default_loss(output: Any) -> torch.Tensor:

@@ -15,12 +15,16 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ckptplan.loading import Workload, call_model
+from ckptplan.loading import Workload, build_fake, call_model
 from ckptplan.memtrack import LiveStorageTracker, storage_bytes
 from ckptplan.plan import Plan
 from ckptplan.training import (
+    autocast_context,
     cast_floating,
+    cast_model,
+    input_tensors,
     make_optimizer,
     parse_dtype,
     persistent_tensors,
@@ -71,11 +75,14 @@ class _Run:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer | None
     inputs: Any
+    autocast: str | None = None
 
 
 def _step(model_file: Workload, run: _Run, seed: int) -> None:
     torch.manual_seed(seed)
-    loss = model_file.loss(call_model(run.model, run.inputs))
+    device_type = next(input_tensors(run.inputs), torch.empty(0)).device.type
+    with autocast_context(run.autocast, device_type):
+        loss = model_file.loss(call_model(run.model, run.inputs))
     loss.backward()
     del loss
     if run.optimizer is not None:
@@ -101,10 +108,13 @@ def _peak(model_file: Workload, run: _Run, device: torch.device) -> int:
     return storage_bytes(persistent) + tracker.peak
 
 
-def _grads(model_file: Workload, model: torch.nn.Module, inputs: Any) -> dict[str, torch.Tensor]:
+def _grads(
+    model_file: Workload, model: torch.nn.Module, inputs: Any, autocast: str | None
+) -> dict[str, torch.Tensor]:
     torch.manual_seed(1234)
     model.zero_grad(set_to_none=True)
-    loss = model_file.loss(call_model(model, inputs))
+    with autocast_context(autocast, next(input_tensors(inputs)).device.type):
+        loss = model_file.loss(call_model(model, inputs))
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
@@ -133,7 +143,7 @@ def verify_plan(
     settings = plan.settings
     dtype = parse_dtype(settings.get("dtype", "fp32"))
     torch.manual_seed(0)
-    baseline_model = model_file.build().to(device=target, dtype=dtype)
+    baseline_model = cast_model(model_file.build(), dtype).to(device=target)
     baseline_model.train()
     planned_model = apply(copy.deepcopy(baseline_model), plan, force=force)
     torch.manual_seed(0)
@@ -141,8 +151,9 @@ def verify_plan(
     inputs = cast_floating(_to_device(inputs, target), dtype)
     optimizer_name = settings.get("optimizer", "adamw")
 
-    reference = _grads(model_file, baseline_model, inputs)
-    planned = _grads(model_file, planned_model, inputs)
+    autocast = settings.get("autocast")
+    reference = _grads(model_file, baseline_model, inputs, autocast)
+    planned = _grads(model_file, planned_model, inputs, autocast)
     max_diff = max(
         ((reference[n].float() - planned[n].float()).abs().max().item() for n in reference),
         default=0.0,
@@ -150,7 +161,7 @@ def verify_plan(
     del reference, planned
 
     runs = {
-        name: _Run(model, make_optimizer(optimizer_name, model), inputs)
+        name: _Run(model, make_optimizer(optimizer_name, model), inputs, autocast)
         for name, model in (("baseline", baseline_model), ("planned", planned_model))
     }
     peaks = {name: _peak(model_file, run, target) for name, run in runs.items()}
@@ -173,6 +184,24 @@ def verify_plan(
         grad_tolerance=1e-6 if dtype == torch.float32 else 1e-2,
         regions=len(plan.regions),
     )
+
+
+def fake_run_peak(model_file: Workload, plan: Plan) -> int:
+    """The plan's steady-state step peak, executed under ``FakeTensorMode``: nothing allocated.
+
+    This runs the real checkpointed code (``apply``, ``torch.utils.checkpoint``) and counts
+    live storages, so it confirms the chain model's prediction without a device.
+    """
+    settings = plan.settings
+    dtype = parse_dtype(settings.get("dtype", "fp32"))
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        torch.manual_seed(0)
+        model = cast_model(build_fake(model_file), dtype).train()
+        apply(model, plan, force=True)
+        inputs = cast_floating(model_file.inputs(settings.get("batch_size")), dtype)
+        optimizer = make_optimizer(settings.get("optimizer", "adamw"), model)
+        run = _Run(model, optimizer, inputs, settings.get("autocast"))
+        return _peak(model_file, run, torch.device("cpu"))
 
 
 def _to_device(tree: Any, device: torch.device) -> Any:

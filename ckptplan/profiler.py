@@ -24,18 +24,18 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.module_tracker import ModuleTracker
 
 from ckptplan.costs import OpRecord, OpRecorder
 from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError
 from ckptplan.fingerprint import inputs_signature, model_fingerprint
-from ckptplan.loading import Workload, call_model, describe_exception
+from ckptplan.loading import Workload, build_fake, call_model, describe_exception
 from ckptplan.memtrack import LiveStorageTracker, storage_bytes, storage_key
 from ckptplan.training import (
     autocast_context,
     cast_floating,
+    cast_model,
     make_optimizer,
     parse_dtype,
     persistent_tensors,
@@ -114,6 +114,8 @@ class Profile:
     """The timeline: (label, live bytes at start, peak) per phase."""
     ops: tuple[OpRecord, ...] = field(default=(), repr=False)
     """Every aten op of the step, forward and backward, in execution order."""
+    modules: tuple[tuple[str, str, int], ...] = field(default=(), repr=False)
+    """(path, class name, parameter count) of every module, in definition order."""
 
     @property
     def gradient_bytes(self) -> int:
@@ -163,19 +165,6 @@ def find_blocks(model: torch.nn.Module, pattern: str | None = None) -> list[tupl
 def _example_paths(model: torch.nn.Module) -> str:
     paths = [p for p, _ in model.named_modules() if p][:3]
     return ", ".join(paths) if paths else "(the model has no submodules)"
-
-
-class _ValuesReadAsZero(TorchDispatchMode):
-    """Lets value-dependent weight initialisation run on fake tensors while building.
-
-    Initialisers such as ``trunc_normal_`` read a scalar back (``.item()``), which fake
-    tensors cannot answer; the values of fake weights are never used, so reading 0 is safe.
-    """
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func is torch.ops.aten._local_scalar_dense.default:
-            return False if args[0].dtype == torch.bool else 0
-        return func(*args, **(kwargs or {}))
 
 
 def _first_tensor(tree: Any) -> torch.Tensor | None:
@@ -325,8 +314,7 @@ def _profile(model_file: Workload, settings: Settings) -> Profile:
     dtype = parse_dtype(settings.dtype)
     with FakeTensorMode(allow_non_fake_inputs=True):
         torch.manual_seed(0)
-        with _ValuesReadAsZero():
-            model = model_file.build()
+        model = build_fake(model_file)
         inputs = model_file.inputs(settings.batch_size)
         model, inputs = _prepared(model, inputs, dtype)
         blocks = find_blocks(model, settings.blocks)
@@ -355,10 +343,7 @@ def _profile(model_file: Workload, settings: Settings) -> Profile:
 
 
 def _prepared(model: torch.nn.Module, inputs: Any, dtype: torch.dtype) -> tuple[Any, Any]:
-    if dtype != torch.float32:
-        model = model.to(dtype)
-        inputs = cast_floating(inputs, dtype)
-    return model.train(), inputs
+    return cast_model(model, dtype).train(), cast_floating(inputs, dtype)
 
 
 def _instrumented_step(
@@ -554,6 +539,10 @@ def _assemble(
         flops=sum(flops.values()),
         phases=tuple((p.label, base + p.start, base + p.peak) for p in recorder.tracker.phases),
         ops=tuple(costs.records),
+        modules=tuple(
+            (path, type(m).__name__, sum(p.numel() for p in m.parameters()))
+            for path, m in model.named_modules()
+        ),
     )
 
 

@@ -42,6 +42,29 @@ def autocast_context(name: str | None, device_type: str) -> AbstractContextManag
     return torch.autocast(device_type=device_type, dtype=parse_dtype(name))
 
 
+def cast_model(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """Floating parameters and buffers in ``dtype``, shared (tied) parameters kept shared.
+
+    ``Module.to`` swaps tensor subclasses in place and refuses fake tensors, so the profiler
+    and the fake run convert through this instead.
+    """
+    if dtype == torch.float32:
+        return model
+    converted: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for name, param in module._parameters.items():
+            if param is not None and param.is_floating_point():
+                if id(param) not in converted:
+                    converted[id(param)] = torch.nn.Parameter(
+                        param.detach().to(dtype), requires_grad=param.requires_grad
+                    )
+                module._parameters[name] = converted[id(param)]
+        for name, buffer in module._buffers.items():
+            if buffer is not None and buffer.is_floating_point():
+                module._buffers[name] = buffer.to(dtype)
+    return model
+
+
 def cast_floating(tree: object, dtype: torch.dtype) -> object:
     """Floating tensors of an input structure in ``dtype``; integer ids stay as they are."""
     if isinstance(tree, torch.Tensor):

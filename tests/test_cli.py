@@ -116,3 +116,25 @@ def test_module_entry_point() -> None:
         [sys.executable, "-m", "ckptplan", "--help"], capture_output=True, text=True, check=True
     )
     assert "solve" in result.stdout and "verify" in result.stdout
+
+
+def test_profile_command(run, tiny_gpt) -> None:
+    result = run("profile", tiny_gpt, "--batch-size", "2", "--depth", "1")
+    assert result.exit_code == 0, result.output
+    assert "by module (depth 1)" in result.output and "layers" in result.output
+    assert "largest tensors saved for backward" in result.output
+
+
+def test_profile_json(run, tiny_gpt) -> None:
+    result = run("profile", tiny_gpt, "--batch-size", "2", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output[result.output.index("{") :])
+    assert len(data["blocks"]) == 6
+    ops = data["ops"]
+    assert any(op["random"] for op in ops) and any(op["backward"] for op in ops)
+    saved = sum(op["saved_bytes"] for op in ops)
+    assert saved >= sum(b["saved_bytes"] for b in data["blocks"])
+    modules = {row["module"] for row in data["by_module"]}
+    assert {"layers.0", "(optimizer step)"} <= {
+        m.split(".")[0] + "." + m.split(".")[1] if m.count(".") else m for m in modules
+    } | modules

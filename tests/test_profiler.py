@@ -74,3 +74,48 @@ def test_a_model_without_repeated_blocks(write_model) -> None:
     )
     with pytest.raises(CkptplanError, match="--blocks"):
         profile_model(load_model_file(path), Settings())
+
+
+def test_ops_carry_module_paths_and_flags(tiny_gpt) -> None:
+    profile = profile_model(load_model_file(tiny_gpt), Settings(batch_size=2))
+    modules = {op.module for op in profile.ops}
+    assert "layers.0.attn" in modules and "layers.5.mlp.0" in modules
+    dropout = [op for op in profile.ops if op.random]
+    assert dropout and all(op.module.startswith(("layers.", "")) for op in dropout)
+    matmuls = [op for op in profile.ops if "addmm" in op.op or "mm" in op.op]
+    assert sum(op.flops for op in matmuls) == pytest.approx(profile.flops, rel=0.2)
+    # Block costs are sums over the block's ops.
+    fwd0 = sum(op.time for op in profile.ops if op.phase == "fwd:0")
+    assert profile.blocks[0].time_fwd == pytest.approx(fwd0)
+    assert all(b.random for b in profile.blocks)
+
+
+def test_batchnorm_blocks_are_flagged() -> None:
+    resnet = profile_model(
+        load_model_file(ROOT / "sample_models" / "resnet.py"), Settings(batch_size=1)
+    )
+    assert all(b.stateful for b in resnet.blocks)
+
+
+def test_bf16_halves_activations(tiny_gpt) -> None:
+    fp32 = profile_model(load_model_file(tiny_gpt), Settings(batch_size=4))
+    bf16 = profile_model(load_model_file(tiny_gpt), Settings(batch_size=4, dtype="bf16"))
+    assert bf16.parameter_bytes == fp32.parameter_bytes // 2
+    assert bf16.blocks[0].input_bytes == fp32.blocks[0].input_bytes // 2
+    # Masks (bool) and normalisation statistics (fp32) do not halve.
+    assert bf16.blocks[0].saved_bytes < 0.8 * fp32.blocks[0].saved_bytes
+
+
+def test_autocast_changes_what_is_saved(tiny_gpt) -> None:
+    plain = profile_model(load_model_file(tiny_gpt), Settings(batch_size=4))
+    mixed = profile_model(load_model_file(tiny_gpt), Settings(batch_size=4, autocast="bf16"))
+    assert mixed.parameter_bytes == plain.parameter_bytes
+    assert mixed.blocks[0].saved_bytes != plain.blocks[0].saved_bytes
+
+
+def test_measured_times_replace_the_roofline(tiny_gpt) -> None:
+    measured = profile_model(load_model_file(tiny_gpt), Settings(batch_size=2, measure=True))
+    estimated = profile_model(load_model_file(tiny_gpt), Settings(batch_size=2))
+    assert measured.step_time > 0 and measured.step_time != estimated.step_time
+    assert all(b.time_fwd > 0 for b in measured.blocks)
+    assert measured.peak_bytes == estimated.peak_bytes
