@@ -23,7 +23,7 @@ from ckptplan.problem import to_chain
 from ckptplan.profiler import Profile, Settings, profile_model
 from ckptplan.simulate import predict
 from ckptplan.solvers import BASELINES, SOLVERS, run_solver
-from ckptplan.solvers.chain import InfeasibleBudget
+from ckptplan.solvers.chain import Chain, InfeasibleBudget, Schedule
 
 ModelArg = torch.nn.Module | str | Path
 
@@ -112,21 +112,8 @@ def solve(
                 f"{format_bytes(least)} of {prof.model_name} with solver {solver} "
                 f"(scope {scope}); use --budget {format_budget_at_least(least)} or more"
             ) from None
-        plan = Plan(
-            model=prof.model_name,
-            fingerprint=prof.fingerprint,
-            inputs=prof.inputs,
-            budget={"text": parsed.text, "bytes": budget_bytes, "scope": scope},
-            solver=schedule.solver,
-            settings={**asdict(settings), "scope": scope},
-            blocks=tuple(b.path for b in prof.blocks),
-            regions=tuple(
-                Region(tuple(b.path for b in prof.blocks[start:end]))
-                for start, end in schedule.segments
-            ),
-            predicted=predict(prof, chain, schedule, scope).to_json(),
-            baselines=baselines,
-        )
+        plan = plan_from_schedule(prof, chain, schedule, parsed.text, budget_bytes, scope)
+        plan.baselines.update(baselines)
         if not fake_run or scope != "step":
             return plan
         confirmed = fake_run_peak(workload, plan)
@@ -135,6 +122,32 @@ def solve(
             return plan
         target -= confirmed - budget_bytes
     return plan
+
+
+def plan_from_schedule(
+    prof: Profile,
+    chain: Chain,
+    schedule: Schedule,
+    budget_text: str,
+    budget_bytes: int,
+    scope: str = "step",
+) -> Plan:
+    """The plan file for a solver's schedule of ``prof``'s chain."""
+    return Plan(
+        model=prof.model_name,
+        fingerprint=prof.fingerprint,
+        inputs=prof.inputs,
+        budget={"text": budget_text, "bytes": budget_bytes, "scope": scope},
+        solver=schedule.solver,
+        settings={**asdict(prof.settings), "scope": scope},
+        blocks=tuple(b.path for b in prof.blocks),
+        regions=tuple(
+            Region(tuple(b.path for b in prof.blocks[start:end]))
+            for start, end in schedule.segments
+        ),
+        predicted=predict(prof, chain, schedule, scope).to_json(),
+        baselines={},
+    )
 
 
 def verify(

@@ -326,20 +326,20 @@ def _profile(model_file: Workload, settings: Settings) -> Profile:
             model_file, model, inputs, optimizer, blocks, ops, settings.autocast
         )
         nograd = _nograd_transients(model, inputs, blocks, persistent, settings.autocast)
-        if settings.measure:
-            ops = _measured_ops(model_file, settings, dtype, device)
-        return _assemble(
-            model_file,
-            model,
-            inputs,
-            settings,
-            blocks,
-            recorder,
-            ops,
-            nograd,
-            storage_bytes(persistent),
-            optimizer,
-        )
+    if settings.measure:
+        ops = _measured_ops(model_file, settings, dtype, device)
+    return _assemble(
+        model_file,
+        model,
+        inputs,
+        settings,
+        blocks,
+        recorder,
+        ops,
+        nograd,
+        storage_bytes(persistent),
+        optimizer,
+    )
 
 
 def _prepared(model: torch.nn.Module, inputs: Any, dtype: torch.dtype) -> tuple[Any, Any]:
@@ -385,7 +385,7 @@ def _instrumented_step(
 def _measured_ops(
     model_file: Workload, settings: Settings, dtype: torch.dtype, device: Any
 ) -> OpRecorder:
-    """The same step run for real on the local device, every op timed."""
+    """The same step run for real on this machine (outside the fake mode), every op timed."""
     torch.manual_seed(0)
     model, inputs = _prepared(model_file.build(), model_file.inputs(settings.batch_size), dtype)
     blocks = find_blocks(model, settings.blocks)

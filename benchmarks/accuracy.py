@@ -1,0 +1,123 @@
+"""How well ckptplan predicts: peak memory and step-time overhead, predicted vs measured (CPU).
+
+For every sample model and the plans none, full, sqrt and dp at three budgets: the chain
+model's predicted peak, the fake-run peak (the checkpointed step executed on fake tensors) and
+the measured peak of a real step on this machine; and the predicted recompute overhead (op
+times measured with ``--measure``) against the measured step-time ratio minus one.
+
+    python benchmarks/accuracy.py [--models gpt mlp] [--repeats 5]
+
+Writes benchmarks/results/accuracy.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+import ckptplan
+from ckptplan.api import plan_from_schedule
+from ckptplan.budget import format_bytes
+from ckptplan.loading import load_model_file
+from ckptplan.measure import fake_run_peak
+from ckptplan.problem import to_chain
+from ckptplan.solvers import run_solver
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "accuracy.json"
+MODELS = ("mlp", "gpt", "resnet", "unet", "vit")
+
+
+def cases(model: Path, repeats: int) -> list[dict]:
+    profile = ckptplan.profile(model, measure=True)
+    chain = to_chain(profile)
+    none, full = run_solver("none", chain, None), run_solver("full", chain, None)
+    schedules = [none, full, run_solver("sqrt", chain, None)]
+    for fraction in (0.25, 0.5, 0.75):
+        budget = int(full.peak + fraction * (none.peak - full.peak))
+        schedules.append(run_solver("dp", chain, budget))
+    rows = []
+    workload = load_model_file(model)
+    for schedule in schedules:
+        plan = plan_from_schedule(profile, chain, schedule, "benchmark", none.peak)
+        fake = fake_run_peak(workload, plan)
+        result = ckptplan.verify(model, plan, repeats=repeats)
+        measured = result.measured_peak_bytes
+        rows.append(
+            {
+                "model": model.name,
+                "plan": schedule.solver,
+                "regions": len(plan.regions),
+                "predicted_peak_bytes": schedule.peak,
+                "fake_run_peak_bytes": fake,
+                "measured_peak_bytes": measured,
+                "peak_error": (schedule.peak - measured) / measured,
+                "fake_run_error": (fake - measured) / measured,
+                "predicted_overhead": plan.predicted["overhead"],
+                "measured_overhead": result.step_time_ratio - 1,
+                "max_grad_abs_diff": result.max_grad_abs_diff,
+            }
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS))
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    rows = [
+        row
+        for name in args.models
+        for row in cases(ROOT / "sample_models" / f"{name}.py", args.repeats)
+    ]
+    table = Table(title="predicted vs measured on this CPU")
+    for column in (
+        "model",
+        "plan",
+        "predicted",
+        "fake run",
+        "measured",
+        "peak err",
+        "fake err",
+        "overhead pred",
+        "overhead meas",
+        "grad diff",
+    ):
+        table.add_column(column, justify="right")
+    for r in rows:
+        table.add_row(
+            r["model"],
+            r["plan"],
+            format_bytes(r["predicted_peak_bytes"]),
+            format_bytes(r["fake_run_peak_bytes"]),
+            format_bytes(r["measured_peak_bytes"]),
+            f"{100 * r['peak_error']:+.1f}%",
+            f"{100 * r['fake_run_error']:+.2f}%",
+            f"{100 * r['predicted_overhead']:.1f}%",
+            f"{100 * r['measured_overhead']:.1f}%",
+            f"{r['max_grad_abs_diff']:.0e}",
+        )
+    console = Console(width=160)
+    console.print(table)
+    worst_peak = max(abs(r["peak_error"]) for r in rows)
+    worst_fake = max(abs(r["fake_run_error"]) for r in rows)
+    console.print(
+        f"worst peak error {100 * worst_peak:.2f}%, worst fake-run error {100 * worst_fake:.2f}%"
+    )
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(
+        json.dumps(
+            {"cases": rows, "worst_peak_error": worst_peak, "worst_fake_run_error": worst_fake},
+            indent=2,
+        )
+    )
+    console.print(f"results written to {RESULTS.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
