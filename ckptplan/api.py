@@ -19,11 +19,12 @@ from ckptplan.errors import CkptplanError
 from ckptplan.loading import Inputs, LiveModel, Workload, load_model_file
 from ckptplan.measure import Verification, fake_run_peak, verify_plan
 from ckptplan.plan import Plan, Region, as_plan
-from ckptplan.problem import to_chain
+from ckptplan.problem import selective_menus, to_chain
 from ckptplan.profiler import Profile, Settings, profile_model
 from ckptplan.simulate import predict
 from ckptplan.solvers import BASELINES, SOLVERS, run_solver
 from ckptplan.solvers.chain import Chain, InfeasibleBudget, Schedule
+from ckptplan.solvers.selective import Selection
 
 ModelArg = torch.nn.Module | str | Path
 
@@ -67,7 +68,7 @@ def solve(
     example_inputs: Inputs | None = None,
     *,
     budget: str | int,
-    solver: str = "dp",
+    solver: str = "auto",
     scope: str = "step",
     every: int = 2,
     max_segment: int | None = None,
@@ -93,7 +94,8 @@ def solve(
     workload = _workload(model, example_inputs, loss_fn)
     settings = Settings(batch_size, optimizer, dtype, device, blocks, autocast, measure)
     prof = profile_model(workload, settings)
-    chain = to_chain(prof, scope)
+    menus = selective_menus(prof) if solver == "auto" else None
+    chain = to_chain(prof, scope, menus)
     options = {"every": every, "max_segment": max_segment}
     unchecked = run_solver("none", chain, None, **options)
     budget_bytes = parsed.resolve(unchecked.peak)
@@ -112,7 +114,7 @@ def solve(
                 f"{format_bytes(least)} of {prof.model_name} with solver {solver} "
                 f"(scope {scope}); use --budget {format_budget_at_least(least)} or more"
             ) from None
-        plan = plan_from_schedule(prof, chain, schedule, parsed.text, budget_bytes, scope)
+        plan = plan_from_schedule(prof, chain, schedule, parsed.text, budget_bytes, scope, menus)
         plan.baselines.update(baselines)
         if not fake_run or scope != "step":
             return plan
@@ -131,8 +133,16 @@ def plan_from_schedule(
     budget_text: str,
     budget_bytes: int,
     scope: str = "step",
+    menus: list[list[Selection]] | None = None,
 ) -> Plan:
-    """The plan file for a solver's schedule of ``prof``'s chain."""
+    """The plan file for a solver's schedule of ``prof``'s chain (``menus`` name the ops kept
+    by the schedule's selective options).
+    """
+    policies = {
+        block: {"save": list(menus[block][option].saved)}
+        for block, option in schedule.options
+        if menus is not None
+    }
     return Plan(
         model=prof.model_name,
         fingerprint=prof.fingerprint,
@@ -142,7 +152,7 @@ def plan_from_schedule(
         settings={**asdict(prof.settings), "scope": scope},
         blocks=tuple(b.path for b in prof.blocks),
         regions=tuple(
-            Region(tuple(b.path for b in prof.blocks[start:end]))
+            Region(tuple(b.path for b in prof.blocks[start:end]), policy=policies.get(start))
             for start, end in schedule.segments
         ),
         predicted=predict(prof, chain, schedule, scope).to_json(),

@@ -35,6 +35,8 @@ class OpRecord:
     time: float
     random: bool
     inplace: bool
+    mutated_later: bool = False
+    """An in-place op later overwrites this op's output (so it cannot be cached for reuse)."""
 
 
 def _sdpa_cpu_flops(args: tuple[Any, ...], backward: bool) -> float:
@@ -79,6 +81,7 @@ class OpRecorder(TorchDispatchMode):
         self.measure = measure
         self.phase = "start"
         self.records: list[OpRecord] = []
+        self._producer: dict[int, OpRecord] = {}
 
     def _module_path(self) -> str:
         names = [p for p in self.modules.parents if p != "Global"]
@@ -94,6 +97,7 @@ class OpRecorder(TorchDispatchMode):
         elapsed = time.perf_counter() - started
         if func.namespace == "prim" or func.is_view:
             return out
+        self._note_mutations(func, args, kwargs)
         flops = op_flops(func, args, kwargs, out)
         moved = _tensor_bytes(args) + _tensor_bytes(out)
         half = any(
@@ -114,7 +118,23 @@ class OpRecorder(TorchDispatchMode):
                 inplace=func._schema.is_mutable,
             )
         )
+        for leaf in pytree.tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                self._producer.setdefault(leaf.untyped_storage()._cdata, self.records[-1])
         return out
+
+    def _note_mutations(self, func: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        if not func._schema.is_mutable:
+            return
+        written = {a.name for a in func._schema.arguments if a.alias_info and a.alias_info.is_write}
+        values = dict(zip((a.name for a in func._schema.arguments), args, strict=False))
+        values.update(kwargs)
+        for name in written:
+            for leaf in pytree.tree_leaves(values.get(name)):
+                if isinstance(leaf, torch.Tensor):
+                    producer = self._producer.get(leaf.untyped_storage()._cdata)
+                    if producer is not None:
+                        producer.mutated_later = True
 
     def note_saved(self, nbytes: int) -> None:
         """Autograd saved a tensor for the op just recorded (pack hooks run right after it)."""

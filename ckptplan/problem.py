@@ -3,67 +3,127 @@
 ``scope="step"`` budgets the whole step (parameters, gradients, optimizer state, batch,
 activations); ``scope="activations"`` budgets activations alone, so the persistent bytes and
 the gradients present at each event are taken out of every figure.
+
+Each block may also carry a menu of selective policies (which op outputs to keep when it is
+checkpointed), the Pareto frontier of an exact knapsack over its forward ops. Repeated blocks
+(same ops, same sizes) are solved once.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import replace
+
+from ckptplan.costs import OpRecord
 from ckptplan.errors import CkptplanError
 from ckptplan.options import SCOPES
-from ckptplan.profiler import Profile
-from ckptplan.solvers.chain import Chain, ChainBlock
+from ckptplan.profiler import BlockProfile, Profile
+from ckptplan.solvers.chain import BlockOption, Chain, ChainBlock
+from ckptplan.solvers.selective import SaveItem, Selection, frontier
+
+MENU_POINTS = 8
+"""Selective options per block: enough to span the frontier, few enough for the chain DP."""
 
 
-def to_chain(profile: Profile, scope: str = "step") -> Chain:
+def to_chain(
+    profile: Profile, scope: str = "step", menus: list[list[Selection]] | None = None
+) -> Chain:
+    """The chain of ``profile``; with ``menus`` (from ``selective_menus``) blocks get options."""
     if scope not in SCOPES:
         raise CkptplanError(f"unknown scope {scope!r}; choose one of {', '.join(SCOPES)}")
-    if scope == "step":
-        return Chain(
-            blocks=tuple(
-                ChainBlock(
-                    name=b.path,
-                    fwd_time=b.time_fwd,
-                    input_bytes=b.input_bytes,
-                    saved_bytes=b.saved_bytes,
-                    input_kept=b.input_kept,
-                    fwd_start=b.fwd_start,
-                    fwd_peak=b.fwd_peak,
-                    fwd_peak_nograd=b.fwd_peak_nograd,
-                    bwd_start=b.bwd_start,
-                    bwd_peak=b.bwd_peak,
-                    joins_previous=b.joins_previous,
-                )
-                for b in profile.blocks
-            ),
-            tail_peaks=profile.tail_peaks,
-            fixed_peaks=profile.fixed_peaks,
-        )
-    base = profile.persistent_bytes
     blocks = []
-    for b in profile.blocks:
-        grads = b.grads_at_bwd_end
-        blocks.append(
-            ChainBlock(
-                name=b.path,
-                fwd_time=b.time_fwd,
-                input_bytes=b.input_bytes,
-                saved_bytes=b.saved_bytes,
-                input_kept=b.input_kept,
+    for i, b in enumerate(profile.blocks):
+        block = _chain_block(b)
+        if scope == "activations":
+            base = profile.persistent_bytes
+            grads = b.grads_at_bwd_end
+            block = replace(
+                block,
                 fwd_start=b.fwd_start - base,
                 fwd_peak=b.fwd_peak - base,
-                fwd_peak_nograd=b.fwd_peak_nograd,
                 bwd_start=b.bwd_start - base - (grads - b.parameter_bytes),
                 bwd_peak=b.bwd_peak - base - grads,
-                joins_previous=b.joins_previous,
             )
-        )
-    last_grads = profile.blocks[-1].grads_at_bwd_end - profile.blocks[-1].parameter_bytes
+        if menus is not None:
+            block = replace(
+                block,
+                options=tuple(BlockOption(s.kept_bytes, s.recompute_time) for s in menus[i]),
+            )
+        blocks.append(block)
+    if scope == "step":
+        return Chain(tuple(blocks), profile.tail_peaks, profile.fixed_peaks)
+    base = profile.persistent_bytes
+    last = profile.blocks[-1]
+    last_grads = last.grads_at_bwd_end - last.parameter_bytes
+    (fwd_tail, fwd_event), (bwd_tail, bwd_event) = profile.tail_peaks
     return Chain(
         blocks=tuple(blocks),
-        tail_peaks=(
-            (profile.tail_peaks[0][0] - base, profile.tail_peaks[0][1]),
-            (profile.tail_peaks[1][0] - base - last_grads, profile.tail_peaks[1][1]),
-        ),
+        tail_peaks=((fwd_tail - base, fwd_event), (bwd_tail - base - last_grads, bwd_event)),
         fixed_peaks=tuple(
             (max(0, v - base - profile.gradient_bytes), e) for v, e in profile.fixed_peaks
         ),
     )
+
+
+def _chain_block(b: BlockProfile) -> ChainBlock:
+    return ChainBlock(
+        name=b.path,
+        fwd_time=b.time_fwd,
+        input_bytes=b.input_bytes,
+        saved_bytes=b.saved_bytes,
+        input_kept=b.input_kept,
+        fwd_start=b.fwd_start,
+        fwd_peak=b.fwd_peak,
+        fwd_peak_nograd=b.fwd_peak_nograd,
+        bwd_start=b.bwd_start,
+        bwd_peak=b.bwd_peak,
+        joins_previous=b.joins_previous,
+    )
+
+
+def save_items(ops: list[OpRecord]) -> list[SaveItem]:
+    """The keep-or-recompute decisions of one block's forward, ops named ``op#k``.
+
+    ``k`` counts the calls of that overload in the block's forward, as a selective policy sees
+    them. In-place ops are never kept (their output is another op's storage), nor ops whose
+    output an in-place op later overwrites; the random ops form one decision, so their outputs
+    are kept or regenerated together.
+    """
+    calls: Counter[str] = Counter()
+    items: list[SaveItem] = []
+    random: list[tuple[str, int, float]] = []
+    for op in ops:
+        name = f"{op.op}#{calls[op.op]}"
+        calls[op.op] += 1
+        if op.inplace or op.mutated_later or op.output_bytes == 0:
+            continue
+        if op.random:
+            random.append((name, op.output_bytes, op.time))
+        else:
+            items.append(SaveItem((name,), op.output_bytes, op.time))
+    if random:
+        items.append(
+            SaveItem(
+                tuple(n for n, _, _ in random),
+                sum(b for _, b, _ in random),
+                sum(t for _, _, t in random),
+            )
+        )
+    return items
+
+
+def selective_menus(profile: Profile, points: int = MENU_POINTS) -> list[list[Selection]]:
+    """Per block, the selective options worth offering (keeping nothing is plain checkpoint)."""
+    forward: dict[str, list[OpRecord]] = {}
+    for op in profile.ops:
+        if op.phase.startswith("fwd:") and not op.backward:
+            forward.setdefault(op.phase, []).append(op)
+    cache: dict[tuple[object, ...], list[Selection]] = {}
+    menus = []
+    for i, block in enumerate(profile.blocks):
+        ops = forward.get(f"fwd:{i}", [])
+        signature = (block.class_name, *((o.op, o.output_bytes, round(o.time, 12)) for o in ops))
+        if signature not in cache:
+            cache[signature] = [s for s in frontier(save_items(ops), points) if s.kept_bytes > 0]
+        menus.append(cache[signature])
+    return menus

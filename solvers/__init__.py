@@ -8,7 +8,7 @@ from __future__ import annotations
 from ckptplan.solvers import baselines, dp
 from ckptplan.solvers.chain import Chain, InfeasibleBudget, Schedule
 
-SOLVERS = ("dp", "sqrt", "full", "every-k", "none")
+SOLVERS = ("auto", "dp", "sqrt", "full", "every-k", "none")
 BASELINES = ("none", "full", "sqrt")
 
 
@@ -23,10 +23,10 @@ def run_solver(
 
     Raises ``InfeasibleBudget`` when the plan cannot fit ``budget``.
     """
-    if name == "dp":
+    if name in ("dp", "auto"):
         if budget is None:
-            raise ValueError("dp needs a budget")
-        return dp.solve(chain, budget, max_segment)
+            raise ValueError(f"{name} needs a budget")
+        return dp.solve(chain, budget, max_segment, selective=name == "auto", name=name)
     fixed = {
         "none": baselines.none,
         "full": baselines.full,

@@ -30,6 +30,16 @@ Segment = tuple[int, int]
 
 
 @dataclass(frozen=True)
+class BlockOption:
+    """A selective policy for a block checkpointed on its own: keep some op outputs."""
+
+    kept_bytes: int
+    """Bytes of the op outputs kept through forward (beyond the block's input)."""
+    recompute_time: float
+    """Time of the ops that still run again in backward."""
+
+
+@dataclass(frozen=True)
 class ChainBlock:
     """One block of the chain, measured on the unchecked training step (bytes, seconds)."""
 
@@ -49,6 +59,8 @@ class ChainBlock:
     bwd_peak: int
     joins_previous: bool = True
     """Whether the block may share a segment with the block before it."""
+    options: tuple[BlockOption, ...] = ()
+    """Selective policies the block may take instead of recomputing everything."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +84,8 @@ class Schedule:
     recompute_time: float
     peak_event: str
     optimal: bool = False
+    options: tuple[tuple[int, int], ...] = ()
+    """(block, option index) for each single-block segment that runs a selective policy."""
 
 
 class InfeasibleBudget(ValueError):
@@ -102,8 +116,12 @@ def block_saving(block: ChainBlock, starts_segment: bool) -> int:
     return block.saved_bytes + kept_input_plain - kept_input_ckpt
 
 
-def run_terms(chain: Chain, start: int, end: int, checkpointed: bool) -> RunTerms:
-    """The events of blocks ``[start, end)``, either unchecked (one block) or as one segment."""
+def run_terms(
+    chain: Chain, start: int, end: int, checkpointed: bool, option: BlockOption | None = None
+) -> RunTerms:
+    """The events of blocks ``[start, end)``: unchecked (one block), one segment, or one block
+    under a selective ``option``.
+    """
     blocks = chain.blocks[start:end]
     if not checkpointed:
         assert end == start + 1, "an unchecked run is one block"
@@ -113,7 +131,10 @@ def run_terms(chain: Chain, start: int, end: int, checkpointed: bool) -> RunTerm
             saving=0,
             recompute_time=0.0,
         )
+    assert option is None or end == start + 1, "a selective policy applies to one block"
+    kept = option.kept_bytes if option else 0
     savings = [block_saving(b, i == 0) for i, b in enumerate(blocks)]
+    savings[0] -= kept
     total = sum(savings)
     last = blocks[-1]
     first = blocks[0]
@@ -122,13 +143,15 @@ def run_terms(chain: Chain, start: int, end: int, checkpointed: bool) -> RunTerm
     saved_before = 0
     restored = 0
     for i, b in enumerate(blocks):
-        events.append((b.fwd_start - saved_before + b.fwd_peak_nograd, f"forward of {b.name}"))
+        forward = b.fwd_start - saved_before + b.fwd_peak_nograd + kept
+        events.append((forward, f"forward of {b.name}"))
         recompute_live = last.bwd_start - total + restored
         events.append((recompute_live + b.fwd_peak - b.fwd_start, f"recompute of {b.name}"))
         events.append((b.bwd_peak + extra_input, f"backward of {b.name}"))
         saved_before += savings[i]
-        restored += b.saved_bytes if i == 0 else savings[i]
-    return RunTerms(tuple(events), total, sum(b.fwd_time for b in blocks))
+        restored += b.saved_bytes - kept if i == 0 else savings[i]
+    recompute = option.recompute_time if option else sum(b.fwd_time for b in blocks)
+    return RunTerms(tuple(events), total, recompute)
 
 
 def validate_segments(chain: Chain, segments: Sequence[Segment]) -> list[Segment]:
@@ -157,19 +180,35 @@ def runs(chain: Chain, segments: Sequence[Segment]) -> list[tuple[int, int, bool
     return out
 
 
-def simulate(chain: Chain, segments: Sequence[Segment], solver: str = "given") -> Schedule:
-    """Predicted peak and recompute time of a training step that checkpoints ``segments``."""
+def simulate(
+    chain: Chain,
+    segments: Sequence[Segment],
+    solver: str = "given",
+    options: Sequence[tuple[int, int]] = (),
+) -> Schedule:
+    """Predicted peak and recompute time of a training step that checkpoints ``segments``,
+    the single-block segments named in ``options`` under their selective policies.
+    """
+    chosen = dict(options)
     saved = 0
     recompute = 0.0
     peak: tuple[float, str] = max(
         ((float(v), e) for v, e in chain.fixed_peaks), default=(0.0, "start")
     )
     for start, end, checkpointed in runs(chain, segments):
-        terms = run_terms(chain, start, end, checkpointed)
+        option = chain.blocks[start].options[chosen[start]] if start in chosen else None
+        terms = run_terms(chain, start, end, checkpointed, option)
         value, event = terms.local_peak()
         peak = max(peak, (value - saved, event))
         saved += terms.saving
         recompute += terms.recompute_time
     for value, event in chain.tail_peaks:
         peak = max(peak, (value - saved, event))
-    return Schedule(solver, tuple(sorted(segments)), int(peak[0]), recompute, peak[1])
+    return Schedule(
+        solver,
+        tuple(sorted(segments)),
+        int(peak[0]),
+        recompute,
+        peak[1],
+        options=tuple(sorted(chosen.items())),
+    )

@@ -18,7 +18,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ckptplan.solvers.chain import Chain, InfeasibleBudget, Schedule, Segment, run_terms, simulate
 
@@ -27,18 +27,21 @@ from ckptplan.solvers.chain import Chain, InfeasibleBudget, Schedule, Segment, r
 class _Point:
     q: float
     cost: float
-    run: tuple[int, int, bool] | None
+    run: tuple[int, int, bool, int | None] | None
     rest: _Point | None
 
-    def segments(self) -> list[Segment]:
-        out: list[Segment] = []
+    def plan(self) -> tuple[list[Segment], list[tuple[int, int]]]:
+        segments: list[Segment] = []
+        options: list[tuple[int, int]] = []
         point: _Point | None = self
         while point is not None and point.run is not None:
-            start, end, checkpointed = point.run
+            start, end, checkpointed, option = point.run
             if checkpointed:
-                out.append((start, end))
+                segments.append((start, end))
+            if option is not None:
+                options.append((start, option))
             point = point.rest
-        return out
+        return segments, options
 
 
 def _pareto(points: list[_Point]) -> list[_Point]:
@@ -50,8 +53,14 @@ def _pareto(points: list[_Point]) -> list[_Point]:
     return kept
 
 
-def frontier(chain: Chain, max_segment: int | None = None) -> list[Schedule]:
-    """Every Pareto-optimal flat plan of the chain, from the fastest to the smallest."""
+def frontier(
+    chain: Chain, max_segment: int | None = None, selective: bool = False, name: str = "dp"
+) -> list[Schedule]:
+    """Every Pareto-optimal flat plan of the chain, from the fastest to the smallest.
+
+    With ``selective``, a block checkpointed on its own may also take any of its selective
+    options (keep some op outputs, recompute the rest).
+    """
     n = len(chain.blocks)
     tail = max((v for v, _ in chain.tail_peaks), default=0)
     suffix: list[list[_Point]] = [[] for _ in range(n + 1)]
@@ -59,36 +68,45 @@ def frontier(chain: Chain, max_segment: int | None = None) -> list[Schedule]:
     longest = n if max_segment is None else max_segment
     for s in range(n - 1, -1, -1):
         candidates: list[_Point] = []
-        options = [(s, s + 1, False)]
+        runs: list[tuple[int, int, bool, int | None]] = [(s, s + 1, False, None)]
+        if selective:
+            runs.extend((s, s + 1, True, i) for i in range(len(chain.blocks[s].options)))
         for e in range(s + 1, min(n, s + longest) + 1):
             if e > s + 1 and not chain.blocks[e - 1].joins_previous:
                 break
-            options.append((s, e, True))
-        for start, end, checkpointed in options:
-            terms = run_terms(chain, start, end, checkpointed)
+            runs.append((s, e, True, None))
+        for run in runs:
+            start, end, checkpointed, option = run
+            chosen = None if option is None else chain.blocks[start].options[option]
+            terms = run_terms(chain, start, end, checkpointed, chosen)
             local = terms.local_peak()[0]
             for rest in suffix[end]:
                 q = max(rest.q - terms.saving, local)
-                candidates.append(
-                    _Point(q, rest.cost + terms.recompute_time, (start, end, checkpointed), rest)
-                )
+                candidates.append(_Point(q, rest.cost + terms.recompute_time, run, rest))
         suffix[s] = _pareto(candidates)
     best: dict[int, Schedule] = {}
     for point in suffix[0]:
-        plan = simulate(chain, point.segments(), "dp")
+        segments, options = point.plan()
+        plan = simulate(chain, segments, name, options)
         if plan.peak not in best or plan.recompute_time < best[plan.peak].recompute_time:
             best[plan.peak] = plan
     return sorted(best.values(), key=lambda p: p.recompute_time)
 
 
-def solve(chain: Chain, budget: int, max_segment: int | None = None) -> Schedule:
+def solve(
+    chain: Chain,
+    budget: int,
+    max_segment: int | None = None,
+    selective: bool = False,
+    name: str = "dp",
+) -> Schedule:
     """The plan of least recompute time with predicted peak <= ``budget``.
 
-    Raises ``InfeasibleBudget`` (with the least reachable peak) when no flat plan fits.
+    Raises ``InfeasibleBudget`` (with the least reachable peak) when no plan fits.
     """
-    plans = frontier(chain, max_segment)
+    plans = frontier(chain, max_segment, selective, name)
     fitting = [p for p in plans if p.peak <= budget]
     if not fitting:
         raise InfeasibleBudget(budget, min(p.peak for p in plans))
     best = min(fitting, key=lambda p: (p.recompute_time, p.peak))
-    return Schedule("dp", best.segments, best.peak, best.recompute_time, best.peak_event, True)
+    return replace(best, optimal=True)

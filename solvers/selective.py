@@ -1,0 +1,88 @@
+"""Selective checkpointing of one block: which op outputs to keep so recompute is cheapest.
+
+Under a selective policy, a checkpointed block keeps its input plus the outputs of the ops
+marked *save*; during backward every other op of the block's forward runs again. So keeping an
+op buys back its time at the price of its output bytes, independently of the other ops: the
+best choices for every memory size form the Pareto frontier of a 0/1 knapsack, which a
+dynamic programme over the ops finds exactly. Ops that must share one decision (the random
+ops of a block, whose outputs are kept or regenerated together) come as one item.
+
+Example:
+    >>> items = [SaveItem(("mm#0",), 40, 5.0), SaveItem(("gelu#0",), 40, 0.5),
+    ...          SaveItem(("mm#1",), 10, 5.0)]
+    >>> [(s.kept_bytes, s.recompute_time) for s in frontier(items)]
+    [(0, 10.5), (10, 5.5), (50, 0.5), (90, 0.0)]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SaveItem:
+    """One decision: keep these ops' outputs (``output_bytes``) or recompute them (``time``)."""
+
+    ops: tuple[str, ...]
+    output_bytes: int
+    time: float
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A point of the frontier: the ops kept, the bytes they keep, the time left to recompute."""
+
+    saved: tuple[str, ...]
+    kept_bytes: int
+    recompute_time: float
+
+
+def frontier(items: Sequence[SaveItem], max_points: int | None = None) -> list[Selection]:
+    """Every Pareto-optimal selection, from keeping nothing to keeping everything useful.
+
+    ``max_points`` thins the frontier evenly over memory (the end points are always kept), so a
+    chain solver gets a short menu per block.
+    """
+    total = sum(item.time for item in items)
+    points: dict[int, tuple[float, tuple[int, ...]]] = {0: (0.0, ())}
+    for index, item in enumerate(items):
+        if item.time <= 0:
+            continue
+        grown = dict(points)
+        for kept, (gained, chosen) in points.items():
+            candidate = (kept + item.output_bytes, gained + item.time)
+            best = grown.get(candidate[0])
+            if best is None or best[0] < candidate[1]:
+                grown[candidate[0]] = (candidate[1], (*chosen, index))
+        points = _pareto(grown)
+    selections = [
+        Selection(
+            saved=tuple(op for i in chosen for op in items[i].ops),
+            kept_bytes=kept,
+            recompute_time=max(0.0, total - gained),
+        )
+        for kept, (gained, chosen) in sorted(points.items())
+    ]
+    return _thin(selections, max_points) if max_points else selections
+
+
+def _pareto(
+    points: dict[int, tuple[float, tuple[int, ...]]],
+) -> dict[int, tuple[float, tuple[int, ...]]]:
+    kept: dict[int, tuple[float, tuple[int, ...]]] = {}
+    best = -1.0
+    for size in sorted(points):
+        gained = points[size][0]
+        if gained > best + 1e-15:
+            kept[size] = points[size]
+            best = gained
+    return kept
+
+
+def _thin(selections: list[Selection], max_points: int) -> list[Selection]:
+    if len(selections) <= max_points:
+        return selections
+    step = (len(selections) - 1) / (max_points - 1)
+    picks = sorted({round(i * step) for i in range(max_points)})
+    return [selections[i] for i in picks]
