@@ -114,7 +114,13 @@ def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
     default=None,
     help="Write the plan here (JSON).",
 )
-@click.option("--solver", type=click.Choice(SOLVERS), default="dp", show_default=True)
+@click.option(
+    "--solver",
+    type=click.Choice(SOLVERS),
+    default="auto",
+    show_default=True,
+    help="auto: segments and selective per-op policies; dp: segments only; or a fixed policy.",
+)
 @click.option("--every", type=int, default=2, show_default=True, help="k for --solver every-k.")
 @click.option(
     "--max-segment", type=int, default=None, help="Longest run of blocks one region may hold."

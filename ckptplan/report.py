@@ -18,7 +18,10 @@ def _regions_text(plan: Plan) -> str:
     names = []
     for region in plan.regions:
         first, last = region.modules[0], region.modules[-1]
-        names.append(first if first == last else f"{first} … {last}")
+        name = first if first == last else f"{first} … {last}"
+        if region.policy:
+            name += f" (selective: keeps {len(region.policy.get('save', ()))} ops)"
+        names.append(name)
     return ", ".join(names)
 
 
@@ -40,6 +43,11 @@ def show_plan(plan: Plan, console: Console) -> None:
         f"{budget['scope']}) · predicted peak [bold]{format_bytes(p['peak_bytes'])}[/] at "
         f"{p['peak_event']} · recompute {_overhead(p)} of step time (estimated)"
     )
+    if "fake_run_peak_bytes" in p:
+        console.print(
+            f"fake-run check (the checkpointed step executed on fake tensors): peak "
+            f"[bold]{format_bytes(p['fake_run_peak_bytes'])}[/]"
+        )
     console.print(f"checkpointed regions ({len(plan.regions)}): {_regions_text(plan)}")
     parts = Table(title="predicted peak by category", show_header=True, box=None)
     for column in ("parameters", "gradients", "optimizer", "batch", "activations", "total"):

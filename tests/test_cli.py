@@ -31,7 +31,7 @@ def test_solve_show_verify(run, tiny_gpt, tmp_path) -> None:
     plan_path = tmp_path / "plan.json"
     solved = run("solve", tiny_gpt, "--budget", "70%", "--batch-size", "2", "-o", plan_path)
     assert solved.exit_code == 0, solved.output
-    assert "GiB" in solved.output and "dp (this plan)" in solved.output
+    assert "GiB" in solved.output and "auto (this plan)" in solved.output
     plan = json.loads(plan_path.read_text())
     assert plan["schema"] == "ckptplan.plan/1" and plan["regions"]
 

@@ -1,0 +1,110 @@
+"""Selective checkpointing: the knapsack frontier, block menus, and the auto solver."""
+
+import itertools
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ckptplan
+from ckptplan.costs import OpRecord
+from ckptplan.loading import load_model_file
+from ckptplan.problem import save_items, selective_menus, to_chain
+from ckptplan.profiler import Settings, profile_model
+from ckptplan.solvers import run_solver
+from ckptplan.solvers.selective import SaveItem, frontier
+from tests.conftest import ROOT
+
+items_strategy = st.lists(
+    st.tuples(st.integers(1, 50), st.floats(0.01, 5.0)), min_size=1, max_size=9
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(raw=items_strategy, limit=st.integers(0, 300))
+def test_frontier_is_the_exact_knapsack_optimum(raw, limit) -> None:
+    items = [SaveItem((f"op{i}#0",), size, time) for i, (size, time) in enumerate(raw)]
+    total = sum(t for _, t in raw)
+    best = min(
+        total - sum(raw[i][1] for i in chosen)
+        for r in range(len(raw) + 1)
+        for chosen in itertools.combinations(range(len(raw)), r)
+        if sum(raw[i][0] for i in chosen) <= limit
+    )
+    points = [p for p in frontier(items) if p.kept_bytes <= limit]
+    assert min(p.recompute_time for p in points) == pytest.approx(best, abs=1e-9)
+    for p in frontier(items):
+        kept = [i for i, item in enumerate(items) if item.ops[0] in p.saved]
+        assert p.kept_bytes == sum(raw[i][0] for i in kept)
+
+
+def test_frontier_thinning_keeps_the_ends() -> None:
+    rng = random.Random(0)
+    items = [SaveItem((f"op{i}#0",), rng.randint(1, 100), rng.random()) for i in range(14)]
+    full = frontier(items)
+    thin = frontier(items, max_points=5)
+    assert len(thin) == 5 and thin[0] == full[0] and thin[-1] == full[-1]
+
+
+@pytest.fixture(scope="module")
+def gpt_profile():
+    return profile_model(load_model_file(ROOT / "sample_models" / "gpt.py"), Settings(batch_size=1))
+
+
+def record(op: str, size: int, time: float, **flags) -> OpRecord:
+    fields = {"random": False, "inplace": False, "mutated_later": False, **flags}
+    return OpRecord(op, "fwd:0", "blocks.0", False, size, 0, 0.0, time, **fields)
+
+
+def test_save_items_name_calls_and_group_random_ops() -> None:
+    ops = [
+        record("aten.addmm.default", 40, 5.0),
+        record("aten.empty_like.default", 10, 0.0, mutated_later=True),
+        record("aten.bernoulli_.float", 10, 0.1, random=True, inplace=True),
+        record("aten.native_dropout.default", 50, 0.2, random=True),
+        record("aten.addmm.default", 40, 5.0),
+        record("aten.rand.default", 8, 0.1, random=True),
+    ]
+    items = save_items(ops)
+    assert [i.ops for i in items] == [
+        ("aten.addmm.default#0",),
+        ("aten.addmm.default#1",),
+        ("aten.native_dropout.default#0", "aten.rand.default#0"),
+    ]
+    assert items[-1].output_bytes == 58
+
+
+def test_block_menus_keep_matmuls_first(gpt_profile) -> None:
+    menus = selective_menus(gpt_profile)
+    assert len(menus) == len(gpt_profile.blocks) and menus[0]
+    assert all(m == menus[1] for m in menus[1:])  # repeated blocks: one menu
+    assert all("#" in op for option in menus[0] for op in option.saved)
+    assert any("addmm" in op for op in menus[0][0].saved)
+    kept = [s.kept_bytes for s in menus[0]]
+    times = [s.recompute_time for s in menus[0]]
+    assert kept == sorted(kept) and times == sorted(times, reverse=True)
+
+
+def test_auto_never_loses_to_dp(gpt_profile) -> None:
+    chain = to_chain(gpt_profile, menus=selective_menus(gpt_profile))
+    none, full = run_solver("none", chain, None), run_solver("full", chain, None)
+    for f in (0.05, 0.3, 0.6, 0.9):
+        budget = int(full.peak + f * (none.peak - full.peak))
+        dp, auto = run_solver("dp", chain, budget), run_solver("auto", chain, budget)
+        assert auto.peak <= budget
+        assert auto.recompute_time <= dp.recompute_time + 1e-12
+    mid = int(full.peak + 0.6 * (none.peak - full.peak))
+    assert run_solver("auto", chain, mid).options, "auto should use selective policies"
+
+
+def test_selective_plans_keep_gradients_and_fit(tmp_path) -> None:
+    model = ROOT / "sample_models" / "gpt.py"
+    plan = ckptplan.solve(model, budget="0.6", solver="auto", batch_size=1)
+    assert any(r.policy for r in plan.regions)
+    result = ckptplan.verify(model, plan, repeats=1)
+    assert result.max_grad_abs_diff <= 1e-6
+    assert result.measured_peak_bytes <= plan.budget["bytes"]
+    assert abs(result.measured_peak_bytes - plan.predicted["fake_run_peak_bytes"]) <= (
+        0.01 * result.measured_peak_bytes
+    )
