@@ -244,6 +244,65 @@ def profile_command(
         show_profile(result, console, depth, top)
 
 
+@cli.command("sweep")
+@click.argument("model_file", type=click.Path(dir_okay=False))
+@click.option(
+    "--points", type=int, default=6, show_default=True, help="Points of the dp and auto frontiers."
+)
+@click.option(
+    "--verify",
+    "run_verify",
+    is_flag=True,
+    help="Also run every point for real: measured peak and step time.",
+)
+@click.option("--repeats", type=int, default=3, show_default=True)
+@click.option(
+    "--plot",
+    "plots",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="Save the frontier as an image (.png or .svg); repeatable.",
+)
+@model_options
+@click.option("--json", "as_json", is_flag=True, help="Print the points as JSON.")
+@user_errors
+def sweep_command(
+    model_file: str,
+    points: int,
+    run_verify: bool,
+    repeats: int,
+    plots: tuple[str, ...],
+    batch_size: int | None,
+    optimizer: str,
+    dtype: str,
+    autocast: str | None,
+    device: str,
+    blocks: str | None,
+    measure: bool,
+    as_json: bool,
+) -> None:
+    """The memory/step-time frontier of every strategy: none, full, every-k, sqrt, dp, auto."""
+    from ckptplan.loading import load_model_file
+    from ckptplan.profiler import Settings
+    from ckptplan.report import show_sweep
+    from ckptplan.sweep import save_plot, sweep, terminal_plot
+
+    workload = load_model_file(model_file)
+    settings = Settings(batch_size, optimizer, dtype, device, blocks, autocast, measure)
+    console = Console(stderr=as_json)
+    with console.status(f"solving every strategy for {model_file}"):
+        results = sweep(workload, settings, points=points, verify=run_verify, repeats=repeats)
+    for path in plots:
+        save_plot(results, path, f"{workload.name}: memory against step time")
+    if as_json:
+        _print_json([p.to_json() for p in results])
+        return
+    show_sweep(results, console)
+    console.print(terminal_plot(results), highlight=False, markup=False)
+    for path in plots:
+        console.print(f"plot written to {path}")
+
+
 @cli.command()
 @click.argument("plan_file", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the plan file's JSON.")

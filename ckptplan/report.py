@@ -213,3 +213,26 @@ def profile_json(profile: Any, depth: int) -> dict[str, Any]:
     data["settings"] = asdict(profile.settings)
     data["by_module"] = module_rows(profile, depth)
     return data
+
+
+def show_sweep(points: Any, console: Console) -> None:
+    table = Table(title="every strategy: peak against recompute overhead")
+    for column in (
+        "strategy",
+        "regions",
+        "predicted peak",
+        "predicted overhead",
+        "measured peak",
+        "measured overhead",
+    ):
+        table.add_column(column, justify="left" if column == "strategy" else "right")
+    for p in points:
+        table.add_row(
+            p.strategy,
+            str(p.regions),
+            format_bytes(p.predicted_peak_bytes),
+            f"{100 * p.predicted_overhead:.1f}%",
+            "" if p.measured_peak_bytes is None else format_bytes(p.measured_peak_bytes),
+            "" if p.measured_overhead is None else f"{100 * p.measured_overhead:.1f}%",
+        )
+    console.print(table)

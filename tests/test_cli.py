@@ -138,3 +138,31 @@ def test_profile_json(run, tiny_gpt) -> None:
     assert {"layers.0", "(optimizer step)"} <= {
         m.split(".")[0] + "." + m.split(".")[1] if m.count(".") else m for m in modules
     } | modules
+
+
+def test_sweep_command(run, tiny_gpt, tmp_path) -> None:
+    png, svg = tmp_path / "f.png", tmp_path / "f.svg"
+    result = run(
+        "sweep", tiny_gpt, "--batch-size", "2", "--points", "4", "--plot", png, "--plot", svg
+    )
+    assert result.exit_code == 0, result.output
+    for strategy in ("none", "full", "sqrt", "every-2", "dp", "auto"):
+        assert strategy in result.output
+    assert png.read_bytes()[:4] == b"\x89PNG" and b"<svg" in svg.read_bytes()[:500]
+
+
+def test_sweep_json_frontiers_are_monotone(run, tiny_gpt) -> None:
+    result = run("sweep", tiny_gpt, "--batch-size", "2", "--points", "5", "--json")
+    assert result.exit_code == 0, result.output
+    points = json.loads(result.output[result.output.index("[") :])
+    for strategy in ("dp", "auto"):
+        frontier = sorted(
+            (p for p in points if p["strategy"] == strategy),
+            key=lambda p: p["predicted_peak_bytes"],
+        )
+        overheads = [p["predicted_overhead"] for p in frontier]
+        assert overheads == sorted(overheads, reverse=True)
+    auto = [p for p in points if p["strategy"] == "auto"]
+    for fixed in (p for p in points if p["strategy"] in ("sqrt", "full", "every-2", "every-3")):
+        fits = [a for a in auto if a["predicted_peak_bytes"] <= fixed["predicted_peak_bytes"]]
+        assert fits and min(a["predicted_overhead"] for a in fits) <= fixed["predicted_overhead"]
