@@ -1,0 +1,73 @@
+"""Measured memory/step-time frontier of every strategy on every sample model (CPU).
+
+For each sample model: none, full, sqrt, every-2, every-3 and the dp and auto frontiers
+(``--points`` budgets each), every plan run for real: measured peak and step-time ratio.
+Checks that no fixed policy is both faster and smaller than some auto point (dominance).
+
+    python benchmarks/pareto.py [--models gpt mlp] [--points 6] [--repeats 5]
+
+Writes benchmarks/results/pareto.json and benchmarks/results/pareto_<model>.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rich.console import Console
+
+from ckptplan.loading import load_model_file
+from ckptplan.profiler import Settings
+from ckptplan.report import show_sweep
+from ckptplan.sweep import SweepPoint, save_plot, sweep
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+MODELS = ("mlp", "gpt", "resnet", "unet", "vit")
+FIXED = ("full", "sqrt", "every-2", "every-3")
+
+
+def dominated_by_fixed(points: list[SweepPoint], tolerance: float = 0.02) -> list[str]:
+    """Fixed policies that beat every auto point of no larger peak on measured time.
+
+    ``tolerance`` absorbs timing noise: a fixed point counts as faster only by more than it.
+    """
+    auto = [p for p in points if p.strategy == "auto"]
+    losses = []
+    for fixed in (p for p in points if p.strategy in FIXED):
+        assert fixed.measured_peak_bytes is not None and fixed.measured_overhead is not None
+        rivals = [a for a in auto if (a.measured_peak_bytes or 0) <= fixed.measured_peak_bytes]
+        if not rivals or all(
+            fixed.measured_overhead < (a.measured_overhead or 0) - tolerance for a in rivals
+        ):
+            losses.append(fixed.strategy)
+    return losses
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS))
+    parser.add_argument("--points", type=int, default=6)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    console = Console(width=140)
+    results = {}
+    for name in args.models:
+        workload = load_model_file(ROOT / "sample_models" / f"{name}.py")
+        points = sweep(
+            workload, Settings(measure=True), points=args.points, verify=True, repeats=args.repeats
+        )
+        console.rule(name)
+        show_sweep(points, console)
+        losses = dominated_by_fixed(points)
+        console.print(f"fixed policies faster and smaller than auto: {losses or 'none'}")
+        results[name] = {"points": [p.to_json() for p in points], "auto_beaten_by": losses}
+        save_plot(points, str(RESULTS / f"pareto_{name}.png"), f"{name}.py (measured on CPU)")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "pareto.json").write_text(json.dumps(results, indent=2))
+    console.print(f"results written to {(RESULTS / 'pareto.json').relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
