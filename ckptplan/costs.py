@@ -9,6 +9,7 @@ count 0 FLOPs, so the bytes they move carry their time in the roofline estimate.
 from __future__ import annotations
 
 import time
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -67,8 +68,16 @@ def _tensor_bytes(tree: Any) -> int:
     return sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
 
 
-def _is_random(func: Any) -> bool:
-    return torch.Tag.nondeterministic_seeded in func.tags
+def _is_random(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Draws random numbers: seeded ops, except attention called with ``dropout_p=0``."""
+    if torch.Tag.nondeterministic_seeded not in func.tags:
+        return False
+    names = [a.name for a in func._schema.arguments]
+    if "dropout_p" in names:
+        index = names.index("dropout_p")
+        p = kwargs.get("dropout_p", args[index] if index < len(args) else 0.0)
+        return bool(p)
+    return True
 
 
 class OpRecorder(TorchDispatchMode):
@@ -114,13 +123,17 @@ class OpRecorder(TorchDispatchMode):
                 saved_bytes=0,
                 flops=flops,
                 time=elapsed if self.measure else self.device.op_time(flops, moved, half),
-                random=_is_random(func),
+                random=_is_random(func, args, kwargs),
                 inplace=func._schema.is_mutable,
             )
         )
         for leaf in pytree.tree_leaves(out):
             if isinstance(leaf, torch.Tensor):
-                self._producer.setdefault(leaf.untyped_storage()._cdata, self.records[-1])
+                storage = leaf.untyped_storage()
+                key = storage._cdata
+                if key not in self._producer:
+                    self._producer[key] = self.records[-1]
+                    weakref.finalize(storage, self._producer.pop, key, None)
         return out
 
     def _note_mutations(self, func: Any, args: Any, kwargs: dict[str, Any]) -> None:

@@ -81,26 +81,27 @@ def _chain_block(b: BlockProfile) -> ChainBlock:
     )
 
 
-def save_items(ops: list[OpRecord]) -> list[SaveItem]:
+def save_items(ops: list[OpRecord], free: set[int] | None = None) -> list[SaveItem]:
     """The keep-or-recompute decisions of one block's forward, ops named ``op#k``.
 
     ``k`` counts the calls of that overload in the block's forward, as a selective policy sees
     them. In-place ops are never kept (their output is another op's storage), nor ops whose
     output an in-place op later overwrites; the random ops form one decision, so their outputs
-    are kept or regenerated together.
+    are kept or regenerated together. Ops at the indices in ``free`` cost no memory to keep.
     """
     calls: Counter[str] = Counter()
     items: list[SaveItem] = []
     random: list[tuple[str, int, float]] = []
-    for op in ops:
+    for index, op in enumerate(ops):
         name = f"{op.op}#{calls[op.op]}"
         calls[op.op] += 1
         if op.inplace or op.mutated_later or op.output_bytes == 0:
             continue
+        size = 0 if free and index in free else op.output_bytes
         if op.random:
-            random.append((name, op.output_bytes, op.time))
+            random.append((name, size, op.time))
         else:
-            items.append(SaveItem((name,), op.output_bytes, op.time))
+            items.append(SaveItem((name,), size, op.time))
     if random:
         items.append(
             SaveItem(
@@ -122,8 +123,11 @@ def selective_menus(profile: Profile, points: int = MENU_POINTS) -> list[list[Se
     menus = []
     for i, block in enumerate(profile.blocks):
         ops = forward.get(f"fwd:{i}", [])
+        # The block's output stays alive as the next block's input: keeping it is free.
+        free = {len(ops) - 1} if ops and ops[-1].output_bytes == block.output_bytes else set()
         signature = (block.class_name, *((o.op, o.output_bytes, round(o.time, 12)) for o in ops))
         if signature not in cache:
-            cache[signature] = [s for s in frontier(save_items(ops), points) if s.kept_bytes > 0]
+            menu = frontier(save_items(ops, free), points)
+            cache[signature] = [s for s in menu if s.saved]
         menus.append(cache[signature])
     return menus

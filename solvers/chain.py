@@ -146,7 +146,8 @@ def run_terms(
         forward = b.fwd_start - saved_before + b.fwd_peak_nograd + kept
         events.append((forward, f"forward of {b.name}"))
         recompute_live = last.bwd_start - total + restored
-        events.append((recompute_live + b.fwd_peak - b.fwd_start, f"recompute of {b.name}"))
+        transient = b.fwd_peak - b.fwd_start - (kept if i == 0 else 0)
+        events.append((recompute_live + transient, f"recompute of {b.name}"))
         events.append((b.bwd_peak + extra_input, f"backward of {b.name}"))
         saved_before += savings[i]
         restored += b.saved_bytes - kept if i == 0 else savings[i]

@@ -2,13 +2,15 @@
 
 Each file in ``sample_models/`` is loaded by path, as ``ckptplan solve model.py`` loads it.
 The training steps run at batch size 1-2 so the whole file stays fast; the FakeTensorMode
-checks use the default batch size (fake tensors do no arithmetic).
+checks use the default batch size (fake tensors do no arithmetic). ``llama7b.py`` holds 27 GB
+of fp32 weights, so it is only ever built on fake tensors.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import math
+import resource
 from collections import Counter
 from pathlib import Path
 from types import ModuleType
@@ -16,6 +18,8 @@ from types import ModuleType
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+import ckptplan
 
 MODEL_DIR = Path(__file__).resolve().parents[1] / "sample_models"
 
@@ -26,8 +30,12 @@ BLOCK_LISTS = {
     "resnet": "blocks",
     "unet": "encoder",
     "vit": "blocks",
+    "llama7b": "layers",
 }
 NAMES = sorted(BLOCK_LISTS)
+FAKE_ONLY = {"llama7b"}
+"""Too large to build for real: only the contract and fake-tensor checks run on these."""
+REAL_NAMES = [name for name in NAMES if name not in FAKE_ONLY]
 SMALL_BATCH = 2
 
 
@@ -90,7 +98,7 @@ def test_contract(name):
     assert all(isinstance(t, torch.Tensor) for t in input_tensors(inputs))
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", REAL_NAMES)
 def test_training_step(name):
     mod = load(name)
     model, inputs = build(mod, SMALL_BATCH)
@@ -110,7 +118,7 @@ def test_training_step(name):
     assert [t._version for t in input_tensors(inputs)] == versions, "forward mutated its inputs"
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", REAL_NAMES)
 def test_deterministic(name):
     mod = load(name)
     model_a, inputs_a = build(mod, 1)
@@ -138,7 +146,7 @@ def test_fake_mode(name):
     assert loss.dtype.is_floating_point
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", REAL_NAMES)
 def test_block_chain_and_module_use(name):
     mod = load(name)
     model, inputs = build(mod, 1)
@@ -167,3 +175,16 @@ def test_block_chain_and_module_use(name):
     assert not reused, f"modules called more than once in one forward: {reused}"
     blocks = getattr(model, BLOCK_LISTS[name])
     assert all(calls[names[b]] == 1 for b in blocks)
+
+
+def test_llama7b_profiles_on_fake_tensors_without_allocating():
+    """Llama-2-7B in bf16 for an H100: its 32 layers chain, and nothing is allocated."""
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    profile = ckptplan.profile(MODEL_DIR / "llama7b.py", batch_size=1, dtype="bf16", device="h100")
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert [b.path for b in profile.blocks] == [f"layers.{i}" for i in range(32)]
+    # The rotary tables go to every layer unchanged, so consecutive layers may share a region.
+    assert all(b.joins_previous for b in profile.blocks[1:])
+    assert profile.fingerprint["parameters"] == 6_738_415_616  # Llama-2-7B's published count
+    assert profile.parameter_bytes == 2 * profile.fingerprint["parameters"]
+    assert grown_kib < 1_000_000
