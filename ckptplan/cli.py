@@ -156,21 +156,23 @@ def solve(
     from ckptplan.api import solve as solve_plan
     from ckptplan.report import show_plan
 
-    plan = solve_plan(
-        model_file,
-        budget=budget,
-        solver=solver,
-        scope=scope,
-        every=every,
-        max_segment=max_segment,
-        batch_size=batch_size,
-        optimizer=optimizer,
-        dtype=dtype,
-        autocast=autocast,
-        device=device,
-        blocks=blocks,
-        measure=measure,
-    )
+    status = Console(stderr=True).status(f"profiling {model_file} on fake tensors and solving")
+    with status:
+        plan = solve_plan(
+            model_file,
+            budget=budget,
+            solver=solver,
+            scope=scope,
+            every=every,
+            max_segment=max_segment,
+            batch_size=batch_size,
+            optimizer=optimizer,
+            dtype=dtype,
+            autocast=autocast,
+            device=device,
+            blocks=blocks,
+            measure=measure,
+        )
     if output:
         plan.save(output)
     if as_json:
