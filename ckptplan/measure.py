@@ -131,6 +131,63 @@ def _timed(model_file: Workload, run: _Run, device: torch.device) -> float:
     return time.perf_counter() - start
 
 
+@dataclass(frozen=True)
+class _Comparison:
+    measured_peak_bytes: int
+    baseline_peak_bytes: int
+    step_time_s: float
+    baseline_step_time_s: float
+    max_grad_abs_diff: float
+
+
+def _compare(
+    model_file: Workload,
+    settings: dict[str, Any],
+    baseline_model: torch.nn.Module,
+    candidate: torch.nn.Module,
+    inputs: Any,
+    target: torch.device,
+    repeats: int,
+) -> _Comparison:
+    """Gradients, steady-state peak and median step time of ``candidate`` against the baseline."""
+    autocast = settings.get("autocast")
+    reference = _grads(model_file, baseline_model, inputs, autocast)
+    got = _grads(model_file, candidate, inputs, autocast)
+    max_diff = max(
+        ((reference[n].float() - got[n].float()).abs().max().item() for n in reference),
+        default=0.0,
+    )
+    del reference, got
+    optimizer_name = settings.get("optimizer", "adamw")
+    runs = {
+        name: _Run(model, make_optimizer(optimizer_name, model), inputs, autocast)
+        for name, model in (("baseline", baseline_model), ("candidate", candidate))
+    }
+    peaks = {name: _peak(model_file, run, target) for name, run in runs.items()}
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            times[name].append(_timed(model_file, run, target))
+    return _Comparison(
+        measured_peak_bytes=peaks["candidate"],
+        baseline_peak_bytes=peaks["baseline"],
+        step_time_s=statistics.median(times["candidate"]),
+        baseline_step_time_s=statistics.median(times["baseline"]),
+        max_grad_abs_diff=max_diff,
+    )
+
+
+def _baseline(
+    model_file: Workload, settings: dict[str, Any], target: torch.device
+) -> tuple[torch.nn.Module, Any, torch.dtype]:
+    dtype = parse_dtype(settings.get("dtype", "fp32"))
+    torch.manual_seed(0)
+    model = cast_model(model_file.build(), dtype).to(device=target).train()
+    torch.manual_seed(0)
+    inputs = model_file.inputs(settings.get("batch_size"))
+    return model, cast_floating(_to_device(inputs, target), dtype), dtype
+
+
 def verify_plan(
     model_file: Workload,
     plan: Plan,
@@ -140,50 +197,67 @@ def verify_plan(
 ) -> Verification:
     """Measure the plan's step against the unchecked step of the same model and batch."""
     target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    settings = plan.settings
-    dtype = parse_dtype(settings.get("dtype", "fp32"))
-    torch.manual_seed(0)
-    baseline_model = cast_model(model_file.build(), dtype).to(device=target)
-    baseline_model.train()
+    baseline_model, inputs, dtype = _baseline(model_file, plan.settings, target)
     planned_model = apply(copy.deepcopy(baseline_model), plan, force=force)
-    torch.manual_seed(0)
-    inputs = model_file.inputs(settings.get("batch_size"))
-    inputs = cast_floating(_to_device(inputs, target), dtype)
-    optimizer_name = settings.get("optimizer", "adamw")
-
-    autocast = settings.get("autocast")
-    reference = _grads(model_file, baseline_model, inputs, autocast)
-    planned = _grads(model_file, planned_model, inputs, autocast)
-    max_diff = max(
-        ((reference[n].float() - planned[n].float()).abs().max().item() for n in reference),
-        default=0.0,
+    result = _compare(
+        model_file, plan.settings, baseline_model, planned_model, inputs, target, repeats
     )
-    del reference, planned
-
-    runs = {
-        name: _Run(model, make_optimizer(optimizer_name, model), inputs, autocast)
-        for name, model in (("baseline", baseline_model), ("planned", planned_model))
-    }
-    peaks = {name: _peak(model_file, run, target) for name, run in runs.items()}
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(repeats):
-        for name, run in runs.items():
-            times[name].append(_timed(model_file, run, target))
-    baseline_time = statistics.median(times["baseline"])
-    planned_time = statistics.median(times["planned"])
     return Verification(
         device=str(target),
         budget_bytes=int(plan.budget["bytes"]),
         predicted_peak_bytes=int(plan.predicted["peak_bytes"]),
-        measured_peak_bytes=peaks["planned"],
-        baseline_peak_bytes=peaks["baseline"],
-        step_time_ratio=planned_time / baseline_time,
-        step_time_s=planned_time,
-        baseline_step_time_s=baseline_time,
-        max_grad_abs_diff=max_diff,
+        measured_peak_bytes=result.measured_peak_bytes,
+        baseline_peak_bytes=result.baseline_peak_bytes,
+        step_time_ratio=result.step_time_s / result.baseline_step_time_s,
+        step_time_s=result.step_time_s,
+        baseline_step_time_s=result.baseline_step_time_s,
+        max_grad_abs_diff=result.max_grad_abs_diff,
         grad_tolerance=1e-6 if dtype == torch.float32 else 1e-2,
         regions=len(plan.regions),
     )
+
+
+class _Unprefixed(torch.nn.Module):
+    """An ``aot_module`` whose parameters keep the original model's names."""
+
+    def __init__(self, compiled: torch.nn.Module) -> None:
+        super().__init__()
+        self.compiled = compiled
+
+    def named_parameters(self, *args: Any, **kwargs: Any) -> Any:
+        yield from self.compiled.orig_module.named_parameters(*args, **kwargs)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.compiled(*args, **kwargs)
+
+
+def measure_compile_budget(
+    model_file: Workload,
+    settings: dict[str, Any],
+    memory_budget: float,
+    device: str | None = None,
+    repeats: int = 3,
+) -> _Comparison:
+    """``torch.compile``'s ``activation_memory_budget`` peer, measured like a plan.
+
+    AOTAutograd's min-cut partitioner chooses what to recompute under the budget; it runs here
+    through ``aot_module`` with eager (nop) compilers, the partitioning ``torch.compile``
+    applies, without dynamo, so the live-storage tracker can count the compiled step.
+    """
+    from functorch.compile import aot_module, min_cut_rematerialization_partition, nop
+    from torch._functorch import config as functorch_config
+
+    target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    baseline_model, inputs, _ = _baseline(model_file, settings, target)
+    with functorch_config.patch(activation_memory_budget=memory_budget):
+        compiled = aot_module(
+            copy.deepcopy(baseline_model),
+            fw_compiler=nop,
+            bw_compiler=nop,
+            partition_fn=min_cut_rematerialization_partition,
+        )
+        candidate = _Unprefixed(compiled)
+        return _compare(model_file, settings, baseline_model, candidate, inputs, target, repeats)
 
 
 def fake_run_peak(model_file: Workload, plan: Plan) -> int:

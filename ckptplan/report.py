@@ -224,15 +224,17 @@ def show_sweep(points: Any, console: Console) -> None:
         "predicted overhead",
         "measured peak",
         "measured overhead",
+        "grad diff",
     ):
         table.add_column(column, justify="left" if column == "strategy" else "right")
     for p in points:
         table.add_row(
             p.strategy,
             str(p.regions),
-            format_bytes(p.predicted_peak_bytes),
-            f"{100 * p.predicted_overhead:.1f}%",
+            "" if p.predicted_peak_bytes is None else format_bytes(p.predicted_peak_bytes),
+            "" if p.predicted_overhead is None else f"{100 * p.predicted_overhead:.1f}%",
             "" if p.measured_peak_bytes is None else format_bytes(p.measured_peak_bytes),
             "" if p.measured_overhead is None else f"{100 * p.measured_overhead:.1f}%",
+            "" if p.max_grad_abs_diff is None else f"{p.max_grad_abs_diff:.0e}",
         )
     console.print(table)

@@ -13,7 +13,7 @@ from typing import Any
 
 from ckptplan.api import plan_from_schedule
 from ckptplan.loading import Workload
-from ckptplan.measure import verify_plan
+from ckptplan.measure import measure_compile_budget, verify_plan
 from ckptplan.problem import selective_menus, to_chain
 from ckptplan.profiler import Settings, profile_model
 from ckptplan.solvers import baselines, dp
@@ -22,12 +22,18 @@ from ckptplan.solvers.chain import Schedule
 
 @dataclass(frozen=True)
 class SweepPoint:
+    """One strategy's plan: predicted figures, and measured ones when it was run.
+
+    ``torch.compile``'s memory budget has no prediction (``predicted_*`` are None).
+    """
+
     strategy: str
-    predicted_peak_bytes: int
-    predicted_overhead: float
+    predicted_peak_bytes: int | None
+    predicted_overhead: float | None
     regions: int
     measured_peak_bytes: int | None = None
     measured_overhead: float | None = None
+    max_grad_abs_diff: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -47,8 +53,13 @@ def sweep(
     every: Sequence[int] = (2, 3),
     verify: bool = False,
     repeats: int = 3,
+    compile_budgets: Sequence[float] = (0.75, 0.5, 0.25, 0.0),
 ) -> list[SweepPoint]:
-    """Predicted (and with ``verify``, measured) peak and overhead of every strategy."""
+    """Predicted (and with ``verify``, measured) peak and overhead of every strategy.
+
+    With ``verify``, ``torch.compile``'s ``activation_memory_budget`` at ``compile_budgets`` is
+    measured beside them (it predicts nothing, so it appears only measured).
+    """
     profile = profile_model(workload, settings)
     menus = selective_menus(profile)
     chain = to_chain(profile, menus=menus)
@@ -72,10 +83,32 @@ def sweep(
                     **asdict(point),
                     "measured_peak_bytes": result.measured_peak_bytes,
                     "measured_overhead": result.step_time_ratio - 1,
+                    "max_grad_abs_diff": result.max_grad_abs_diff,
                 }
             )
         out.append(point)
+    if verify:
+        for budget in compile_budgets:
+            measured = measure_compile_budget(workload, asdict(settings), budget, repeats=repeats)
+            out.append(
+                SweepPoint(
+                    strategy=f"compile-{budget:g}",
+                    predicted_peak_bytes=None,
+                    predicted_overhead=None,
+                    regions=0,
+                    measured_peak_bytes=measured.measured_peak_bytes,
+                    measured_overhead=measured.step_time_s / measured.baseline_step_time_s - 1,
+                    max_grad_abs_diff=measured.max_grad_abs_diff,
+                )
+            )
     return out
+
+
+def _family(strategy: str) -> str:
+    """every-2, every-3 -> every-k; compile-0.5 -> compile."""
+    if strategy.startswith("every"):
+        return "every-k"
+    return strategy.split("-")[0] if strategy.startswith("compile") else strategy
 
 
 def terminal_plot(points: Sequence[SweepPoint], width: int = 64, height: int = 16) -> str:
@@ -85,7 +118,7 @@ def terminal_plot(points: Sequence[SweepPoint], width: int = 64, height: int = 1
     def xy(p: SweepPoint) -> tuple[float, float]:
         if measured:
             return float(p.measured_peak_bytes or 0), float(p.measured_overhead or 0.0)
-        return float(p.predicted_peak_bytes), p.predicted_overhead
+        return float(p.predicted_peak_bytes or 0), float(p.predicted_overhead or 0.0)
 
     coords = [xy(p) for p in points]
     xs, ys = [c[0] for c in coords], [c[1] for c in coords]
@@ -94,8 +127,8 @@ def terminal_plot(points: Sequence[SweepPoint], width: int = 64, height: int = 1
     grid = [[" "] * width for _ in range(height)]
     letters: dict[str, str] = {}
     for p, (x, y) in zip(points, coords, strict=True):
-        family = p.strategy.split("-")[0] if p.strategy.startswith("every") else p.strategy
-        letter = letters.setdefault(family, "NFSEDA"[len(letters) % 6])
+        family = _family(p.strategy)
+        letter = letters.setdefault(family, "NFSEDAC"[len(letters) % 7])
         col = round((x - x0) / ((x1 - x0) or 1) * (width - 1))
         row = height - 1 - round((y - y0) / ((y1 - y0) or 1) * (height - 1))
         grid[row][col] = letter
@@ -124,8 +157,7 @@ def save_plot(points: Sequence[SweepPoint], path: str, title: str) -> None:
     figure, axes = plt.subplots(figsize=(7, 4.5))
     families: dict[str, list[SweepPoint]] = {}
     for p in points:
-        family = "every-k" if p.strategy.startswith("every") else p.strategy
-        families.setdefault(family, []).append(p)
+        families.setdefault(_family(p.strategy), []).append(p)
     for family, members in families.items():
         measured = all(m.measured_peak_bytes is not None for m in members)
         xs = [
@@ -135,7 +167,7 @@ def save_plot(points: Sequence[SweepPoint], path: str, title: str) -> None:
             100 * ((m.measured_overhead if measured else m.predicted_overhead) or 0.0)
             for m in members
         ]
-        style = "-o" if family in ("dp", "auto") else "s"
+        style = "-o" if family in ("dp", "auto") else "^" if family == "compile" else "s"
         axes.plot(xs, ys, style, label=family)
     axes.set_xlabel("peak memory of a step (GiB)")
     axes.set_ylabel("step-time overhead (%)")
