@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 _API = {
     "solve": "ckptplan.api",
     "apply": "ckptplan.wrapping",
+    "rewrite": "ckptplan.rewrite",
     "verify": "ckptplan.api",
     "profile": "ckptplan.api",
     "Plan": "ckptplan.plan",

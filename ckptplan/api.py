@@ -8,13 +8,14 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ckptplan.budget import format_budget_at_least, format_bytes, parse_budget
+from ckptplan.distributed import per_rank
 from ckptplan.errors import CkptplanError
 from ckptplan.loading import Inputs, LiveModel, Workload, load_model_file
 from ckptplan.measure import Verification, fake_run_peak, verify_plan
@@ -53,14 +54,17 @@ def profile(
     device: str = "cpu",
     blocks: str | None = None,
     measure: bool = False,
+    world_size: int = 1,
+    parallel: str | None = None,
 ) -> Profile:
     """Profile one training step on fake tensors (nothing is allocated).
 
-    ``measure=True`` also runs the step for real on this machine and times every op.
+    ``measure=True`` also runs the step for real on this machine and times every op. With
+    ``parallel`` ("fsdp" or "ddp") and ``world_size``, the profile is one rank's.
     """
     workload = _workload(model, example_inputs, loss_fn)
     settings = Settings(batch_size, optimizer, dtype, device, blocks, autocast, measure)
-    return profile_model(workload, settings)
+    return _per_rank(profile_model(workload, settings), world_size, parallel)
 
 
 def solve(
@@ -81,19 +85,25 @@ def solve(
     blocks: str | None = None,
     measure: bool = False,
     fake_run: bool = True,
+    world_size: int = 1,
+    parallel: str | None = None,
 ) -> Plan:
     """Profile the model and return the plan of least recompute time that fits ``budget``.
 
     With ``fake_run`` (the default) the chosen plan is executed on fake tensors to confirm
     its peak; should the real checkpointed code need more than the chain model predicted,
     the solver is asked again with the difference taken off the budget.
+
+    With ``parallel`` ("fsdp" or "ddp") and ``world_size`` the budget, the profile and the plan
+    are one rank's (``batch_size`` is the per-rank batch); the fake run, which executes one
+    unsharded device, is skipped.
     """
     if solver not in SOLVERS:
         raise CkptplanError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
     parsed = parse_budget(str(budget))
     workload = _workload(model, example_inputs, loss_fn)
     settings = Settings(batch_size, optimizer, dtype, device, blocks, autocast, measure)
-    prof = profile_model(workload, settings)
+    prof = _per_rank(profile_model(workload, settings), world_size, parallel)
     menus = selective_menus(prof) if solver == "auto" else None
     chain = to_chain(prof, scope, menus)
     options = {"every": every, "max_segment": max_segment}
@@ -115,8 +125,11 @@ def solve(
                 f"(scope {scope}); use --budget {format_budget_at_least(least)} or more"
             ) from None
         plan = plan_from_schedule(prof, chain, schedule, parsed.text, budget_bytes, scope, menus)
+        plan = replace(
+            plan, settings={**plan.settings, "world_size": world_size, "parallel": parallel}
+        )
         plan.baselines.update(baselines)
-        if not fake_run or scope != "step":
+        if not fake_run or scope != "step" or parallel is not None:
             return plan
         confirmed = fake_run_peak(workload, plan)
         plan.predicted["fake_run_peak_bytes"] = confirmed
@@ -124,6 +137,17 @@ def solve(
             return plan
         target -= confirmed - budget_bytes
     return plan
+
+
+def _per_rank(prof: Profile, world_size: int, parallel: str | None) -> Profile:
+    """One rank's profile under data parallelism; the profile itself on one device."""
+    if parallel is None:
+        if world_size != 1:
+            raise CkptplanError(
+                f"--world-size {world_size} needs --fsdp or --ddp: how the ranks hold the model"
+            )
+        return prof
+    return per_rank(prof, world_size, parallel)
 
 
 def plan_from_schedule(
@@ -173,6 +197,12 @@ def verify(
     """Run the step with and without the plan: measured peak, time ratio, gradient difference."""
     workload = _workload(model, example_inputs, loss_fn)
     the_plan = as_plan(plan)
+    if the_plan.settings.get("parallel"):
+        ranks, mode = the_plan.settings.get("world_size"), the_plan.settings["parallel"]
+        raise CkptplanError(
+            f"the plan is per rank ({ranks} ranks, {mode}); verify it where it runs: torchrun "
+            f"--nproc_per_node {ranks} examples/train_{mode}.py PLAN --report DIR"
+        )
     if isinstance(workload, LiveModel) and the_plan.settings.get("batch_size") is not None:
         the_plan = Plan.from_json(
             {**the_plan.to_json(), "settings": {**the_plan.settings, "batch_size": None}}

@@ -133,6 +133,22 @@ def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
     help="Budget the whole step, or activations alone.",
 )
 @model_options
+@click.option(
+    "--world-size",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Data-parallel ranks; with --fsdp or --ddp the budget and the plan are per rank.",
+)
+@click.option(
+    "--fsdp",
+    "parallel",
+    flag_value="fsdp",
+    default=None,
+    help="FSDP2 (fully_shard each block, then the root): parameters, gradients and optimizer "
+    "state sharded over the ranks.",
+)
+@click.option("--ddp", "parallel", flag_value="ddp", help="DDP: replicated, plus gradient buckets.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @user_errors
 def solve(
@@ -150,6 +166,8 @@ def solve(
     device: str,
     blocks: str | None,
     measure: bool,
+    world_size: int,
+    parallel: str | None,
     as_json: bool,
 ) -> None:
     """Profile MODEL_FILE on fake tensors and find the plan that fits BUDGET."""
@@ -172,6 +190,8 @@ def solve(
             device=device,
             blocks=blocks,
             measure=measure,
+            world_size=world_size,
+            parallel=parallel,
         )
     if output:
         plan.save(output)
@@ -303,6 +323,50 @@ def sweep_command(
     console.print(terminal_plot(results), highlight=False, markup=False)
     for path in plots:
         console.print(f"plot written to {path}")
+
+
+@cli.command()
+@click.argument("model_file", type=click.Path(dir_okay=False))
+@click.argument("plan_file", type=click.Path(dir_okay=False))
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False),
+    required=True,
+    help="Write the checkpointed module here (.py); its weights go beside it (.pt).",
+)
+@click.option(
+    "--weights", type=click.Path(dir_okay=False), default=None, help="Write the weights here."
+)
+@click.option(
+    "--state-dict",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Load these weights into the model first (default: build_model()'s).",
+)
+@click.option("--force", is_flag=True, help="Rewrite even if the model's fingerprint differs.")
+@user_errors
+def rewrite(
+    model_file: str,
+    plan_file: str,
+    output: str,
+    weights: str | None,
+    state_dict: str | None,
+    force: bool,
+) -> None:
+    """Write MODEL_FILE's model with PLAN_FILE's checkpointing as a standalone module.
+
+    The module is the model traced by torch.fx; each checkpointed region is a submodule its
+    forward calls through torch.utils.checkpoint. Models that do not trace: ckptplan.apply.
+    """
+    from ckptplan.rewrite import rewrite_file
+
+    module, source, weights_file = rewrite_file(
+        model_file, plan_file, output, weights=weights, state_dict=state_dict, force=force
+    )
+    regions = ", ".join(r.name for r in module.ckptplan_regions)
+    click.echo(f"wrote {source} (checkpointed: {regions}) and its weights {weights_file}")
+    click.echo(f"in training: model = build_model() from {source}")
 
 
 @cli.command()

@@ -1,95 +1,279 @@
 """Apply a plan to a model in place, with non-reentrant ``torch.utils.checkpoint``.
 
-A region of one module replaces that module's ``forward`` with a checkpointed call. A region
-of several consecutive sibling blocks runs them all inside one checkpoint from the first
-block's call; the later blocks then hand back the result already computed. That is exact when
-each block receives the previous block's output and the same other arguments, which the
-profiler checked before the solver was allowed to join them, and which is checked again at run
-time. Module paths, ``state_dict`` keys and parameters are unchanged, so optimizers, saved
-checkpoints and FSDP/DDP wrapping see the same model.
+Every planned module keeps its path, parameters and ``state_dict`` keys; only its class is
+swapped for a subclass of the same name whose ``__call__`` routes the call through its region.
+A region (one module, or a run of consecutive sibling blocks) runs all its members inside one
+checkpoint from the first member's call, each member through its original ``__call__``, so
+module hooks (FSDP2's all-gather and reshard, Hugging Face's, the user's) run inside the
+region, again during recomputation, and once per forward. The first member's call returns its
+own output and each later member hands back the output computed for it, after checking it
+received the output of the member before it (which the profiler checked before the solver was
+allowed to join them).
+
+Nothing on the checkpointed path mutates Python state while ``torch.compile`` traces it, so a
+checkpointed model compiles without graph breaks; in eager mode each region counts its
+recomputations, and the first backward logs how many regions were recomputed (and warns about
+any that ran forward but never recomputed), so a plan cannot be silently not applied.
+
+Running order: ``apply`` first, then ``fully_shard``/``DistributedDataParallel``, then
+``torch.compile``.
 
 Example:
     >>> model = ckptplan.apply(model, "plan.json")   # doctest: +SKIP
+    >>> print(model.ckptplan_applied)                 # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
 
 from ckptplan.errors import CkptplanError
 from ckptplan.fingerprint import model_fingerprint
-from ckptplan.plan import Plan, as_plan
+from ckptplan.plan import Plan, Region, as_plan
 
 log = logging.getLogger("ckptplan")
 
+_POLICY_KEYS = ("save",)
 
-@dataclass(frozen=True)
+
+@dataclass
+class RegionStats:
+    """Counters of one region: forward calls that build a graph, and recomputations."""
+
+    name: str
+    forwards: int = 0
+    recomputes: int = 0
+    compiled_calls: int = 0
+    """Forward calls traced by ``torch.compile``, whose backward recomputes inside the graph."""
+
+
+@dataclass
 class AppliedPlan:
-    """What ``apply`` did: the regions it wrapped, by module paths."""
+    """What ``apply`` did (regions and policies), and what the regions have done since."""
 
     regions: tuple[tuple[str, ...], ...]
     solver: str
+    policies: tuple[dict[str, Any] | None, ...] = ()
+    nested: tuple[tuple[str, ...], ...] = ()
+    stats: tuple[RegionStats, ...] = field(default=(), repr=False, compare=False)
+    """Counters of the top-level regions, in plan order."""
+    nested_stats: tuple[RegionStats, ...] = field(default=(), repr=False, compare=False)
+    first_backward: str | None = None
+    """The report logged at the end of the first backward that reached a region."""
+
+    @property
+    def recomputed(self) -> int:
+        """Recomputations of top-level regions so far (eager mode)."""
+        return sum(s.recomputes for s in self.stats)
 
     def __str__(self) -> str:
-        names = ", ".join("+".join(r) if len(r) > 1 else r[0] for r in self.regions)
-        return f"ckptplan: checkpointed {len(self.regions)} regions ({self.solver}): {names}"
+        names = ", ".join(_region_name(r) for r in self.regions)
+        text = f"ckptplan: checkpointed {len(self.regions)} regions ({self.solver}): {names}"
+        selective = [
+            f"{_region_name(r)} keeps {_count(len(p['save']), 'op output')}"
+            for r, p in zip(self.regions, self.policies, strict=True)
+            if p
+        ]
+        if selective:
+            text += "; selective: " + "; ".join(selective)
+        if self.nested:
+            text += "; nested: " + ", ".join(_region_name(r) for r in self.nested)
+        return text
 
 
-class _Segment:
-    """Runs a region's modules as one checkpoint and hands later members the result."""
+def _region_name(modules: tuple[str, ...]) -> str:
+    return "+".join(modules)
 
-    def __init__(self, modules: list[torch.nn.Module], paths: tuple[str, ...]) -> None:
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+class _Reporter:
+    """Logs, once, how many regions the first backward recomputed (eager mode)."""
+
+    def __init__(self, applied: AppliedPlan) -> None:
+        self.applied = applied
+        self.queued = False
+        self.done = False
+
+    def watch(self, out: Any) -> None:
+        """Hook the region's output so the end of the backward through it is seen."""
+        if self.done:
+            return
+        leaf = _first_tensor(out)
+        if leaf is not None and leaf.requires_grad:
+            leaf.register_hook(self._on_gradient)
+
+    def _on_gradient(self, grad: torch.Tensor) -> None:
+        if not self.queued and not self.done:
+            self.queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._report)
+
+    def _report(self) -> None:
+        self.done = True
+        stats = self.applied.stats
+        ran = [s for s in stats if s.forwards > 0]
+        missed = [s.name for s in ran if s.recomputes == 0]
+        text = (
+            f"ckptplan: the first backward recomputed {len(ran) - len(missed)} of {len(ran)} "
+            f"checkpointed regions that ran forward ({len(stats)} planned)"
+        )
+        self.applied.first_backward = text
+        if missed:
+            log.warning(
+                "%s; never recomputed: %s (their saved tensors were not needed)",
+                text,
+                ", ".join(missed),
+            )
+        else:
+            log.info("%s", text)
+
+
+class _RegionRun:
+    """One checkpointed region: its members, nested sub-runs, policy and counters."""
+
+    def __init__(
+        self,
+        modules: list[torch.nn.Module],
+        paths: tuple[str, ...],
+        bases: list[type[torch.nn.Module]],
+        policy: dict[str, Any] | None,
+        stats: RegionStats,
+        reporter: _Reporter | None,
+    ) -> None:
         self.modules = modules
         self.paths = paths
-        self.forwards = [m.forward for m in modules]
+        self.bases = bases
+        self.name = _region_name(paths)
+        self.saves = _policy_saves(policy, self.name)
+        self.stats = stats
+        self.reporter = reporter
+        self.steps: list[tuple[int, int, _RegionRun | None]] = [
+            (i, i + 1, None) for i in range(len(modules))
+        ]
+        self.stateful: list[torch.Tensor] = []
+        """Buffers the forward mutates (BatchNorm statistics): restored after recomputation."""
         self.pending: list[Any] = []
+        self.expected: torch.Tensor | None = None
 
-    def run(self, *args: Any, **kwargs: Any) -> Any:
-        out = self.forwards[0](*args, **kwargs)
-        for forward in self.forwards[1:]:
-            out = forward(*_replace_first(args, kwargs, _first_tensor(out)), **kwargs)
-        return out
+    def nest(self, start: int, end: int, child: _RegionRun) -> None:
+        """Run members ``[start, end)`` as their own checkpoint inside this one."""
+        steps = [s for s in self.steps if not start <= s[0] < end]
+        steps.append((start, end, child))
+        self.steps = sorted(steps, key=lambda s: s[0])
 
-    def call_first(self, *args: Any, **kwargs: Any) -> Any:
-        out = checkpoint(self.run, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
-        if len(self.modules) > 1:
-            self.pending = [out] * (len(self.modules) - 1)
-        return out
+    def run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """The checkpointed function: every member in order, through its original call."""
+        if not torch.compiler.is_compiling() and torch._C._current_graph_task_id() != -1:
+            self.stats.recomputes += 1
+            return self._recompute(args, kwargs)
+        return self._members(args, kwargs)
 
-    def call_later(self, index: int, *args: Any, **kwargs: Any) -> Any:
-        if not self.pending:
+    def _recompute(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """Re-run forward, keeping buffers (BatchNorm statistics) as the forward left them."""
+        with torch.no_grad():
+            kept = [b.clone() for b in self.stateful]
+        try:
+            return self._members(args, kwargs)
+        finally:
+            with torch.no_grad():
+                for buffer, value in zip(self.stateful, kept, strict=True):
+                    buffer.copy_(value)
+
+    def _members(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        outs: list[Any] = []
+        for start, _, child in self.steps:
+            if outs:
+                args, kwargs = _next_arguments(args, kwargs, _first_tensor(outs[-1]))
+            if child is None:
+                outs.append(self.bases[start].__call__(self.modules[start], *args, **kwargs))
+            else:
+                outs.extend(child.checkpointed(args, kwargs))
+        return tuple(outs)
+
+    def checkpointed(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """The members' outputs, computed under this region's checkpoint."""
+        if not torch.is_grad_enabled():
+            return self._members(args, kwargs)
+        if torch.compiler.is_compiling():
+            return self._checkpoint(args, kwargs)
+        self.stats.forwards += 1
+        norms, others = self._buffers()
+        versions = [b._version for b in others]
+        outs = self._checkpoint(args, kwargs)
+        changed = [b for b, v in zip(others, versions, strict=True) if b._version != v]
+        self.stateful = norms + changed
+        if self.reporter is not None:
+            self.reporter.watch(outs[-1])
+        return outs
+
+    def _checkpoint(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        if self.saves is None:
+            return checkpoint(self.run, args, kwargs, use_reentrant=False, preserve_rng_state=True)
+        # Built here, not stored: torch.compile takes a context_fn made in the traced frame.
+        return checkpoint(
+            self.run,
+            args,
+            kwargs,
+            use_reentrant=False,
+            preserve_rng_state=True,
+            context_fn=functools.partial(_selective_contexts, self.saves, self.name),
+        )
+
+    def _buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Running statistics of training norm layers (updated in place without a version bump
+        on CPU), and the other buffers, whose version counters show a mutation."""
+        norms: dict[int, torch.Tensor] = {}
+        others: dict[int, torch.Tensor] = {}
+        for member in self.modules:
+            for module in member.modules():
+                tracked = isinstance(module, torch.nn.modules.batchnorm._NormBase) and (
+                    module.training and module.track_running_stats
+                )
+                for buffer in module.buffers(recurse=False):
+                    (norms if tracked else others).setdefault(id(buffer), buffer)
+        return list(norms.values()), [b for k, b in others.items() if k not in norms]
+
+    def call(self, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A member's ``__call__`` from outside the region."""
+        if index == 0:
+            if torch.compiler.is_compiling():
+                self.stats.compiled_calls += 1
+            outs = self.checkpointed(args, kwargs)
+            self.pending = list(outs[1:])
+            self.expected = _first_tensor(outs[0]) if self.pending else None
+            return outs[0]
+        if len(self.pending) != len(self.modules) - index:
+            self.pending = []
             raise RuntimeError(
-                f"ckptplan: {self.paths[index]} ran without {self.paths[0]} before it, but the "
-                "plan checkpoints them as one region; re-solve with --max-segment 1"
+                f"ckptplan: {self.paths[index]} ran without {self.paths[index - 1]} just before "
+                "it, but the plan checkpoints them as one region; re-solve with --max-segment 1"
             )
-        out = self.pending.pop()
-        x = _first_tensor(args) if args else _first_tensor(kwargs)
-        if x is not _first_tensor(out):
+        received = _first_tensor(args) if args else _first_tensor(kwargs)
+        if received is not self.expected:
+            self.pending = []
             raise RuntimeError(
-                f"ckptplan: {self.paths[index]} did not receive the output of the block before "
-                "it, so it cannot share a checkpoint region; re-solve with --max-segment 1"
+                f"ckptplan: {self.paths[index]} did not receive the output of "
+                f"{self.paths[index - 1]}, so they cannot share a checkpoint region; re-solve "
+                "with --max-segment 1"
             )
+        out = self.pending.pop(0)
+        self.expected = _first_tensor(out) if self.pending else None
         return out
-
-
-class _Forward:
-    """The ``forward`` installed on a planned module (an object, so ``deepcopy`` remaps it)."""
-
-    def __init__(self, segment: _Segment, index: int) -> None:
-        self.segment = segment
-        self.index = index
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.index == 0:
-            return self.segment.call_first(*args, **kwargs)
-        return self.segment.call_later(self.index, *args, **kwargs)
 
 
 def _first_tensor(tree: Any) -> torch.Tensor | None:
@@ -99,27 +283,241 @@ def _first_tensor(tree: Any) -> torch.Tensor | None:
     return None
 
 
-def _replace_first(args: tuple[Any, ...], kwargs: dict[str, Any], x: Any) -> tuple[Any, ...]:
-    """The next block's positional arguments: the previous output in place of the input."""
+def _next_arguments(
+    args: tuple[Any, ...], kwargs: dict[str, Any], x: torch.Tensor | None
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The next member's arguments: the previous output in place of the first tensor input.
+
+    A new dict, never the caller's: checkpoint keeps the region's arguments for recomputation.
+    """
     if args:
-        return (x, *args[1:])
+        return (x, *args[1:]), kwargs
     first = next(k for k, v in kwargs.items() if isinstance(v, torch.Tensor))
-    kwargs[first] = x
-    return ()
+    return (), {**kwargs, first: x}
+
+
+def _resolve_op(name: str, region: str) -> torch._ops.OpOverload:
+    parts = name.split(".")
+    if len(parts) != 3:
+        raise CkptplanError(
+            f"policy of {region} names {name!r}; name ops as namespace.op.overload, "
+            "e.g. aten.mm.default"
+        )
+    try:
+        return getattr(getattr(getattr(torch.ops, parts[0]), parts[1]), parts[2])
+    except AttributeError:
+        raise CkptplanError(f"policy of {region} names {name!r}, which is no torch op") from None
+
+
+@functools.cache
+def _saved_ops(saves: tuple[str, ...], region: str) -> tuple[frozenset[Any], frozenset[Any]]:
+    """Ops saved at every call, and (op, k) pairs saved at their k-th call."""
+    every: set[Any] = set()
+    nth: set[tuple[Any, int]] = set()
+    for entry in saves:
+        name, _, index = entry.partition("#")
+        op = _resolve_op(name, region)
+        if not index:
+            every.add(op)
+        elif index.isdigit():
+            nth.add((op, int(index)))
+        else:
+            raise CkptplanError(f"policy of {region} names {entry!r}; write op#k, k >= 0")
+    return frozenset(every), frozenset(nth)
+
+
+def _selective_contexts(saves: tuple[str, ...], region: str) -> tuple[Any, Any]:
+    """The selective-checkpoint contexts of one region call (op counts start at 0 in each).
+
+    A plain function under ``functools.partial``, the ``context_fn`` form that both pickling and
+    ``torch.compile`` accept.
+    """
+    every, nth = _saved_ops(saves, region)
+    counts: dict[bool, Counter[Any]] = {False: Counter(), True: Counter()}
+
+    def decide(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        seen = counts[ctx.is_recompute]
+        index = seen[func]
+        seen[func] += 1
+        if func in every or (func, index) in nth:
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(decide)
+
+
+def _policy_saves(policy: dict[str, Any] | None, region: str) -> tuple[str, ...] | None:
+    """The ops a policy ``{"save": ["aten.mm.default#1", ...]}`` saves; None without a policy.
+
+    An entry ``op#k`` saves the k-th call of ``op`` in the region (counting from 0), a bare
+    ``op`` every call; every other op is recomputed.
+    """
+    if not policy:
+        return None
+    unknown = sorted(set(policy) - set(_POLICY_KEYS))
+    if unknown:
+        raise CkptplanError(
+            f"policy of {region} has {', '.join(map(repr, unknown))}; apply supports "
+            f"{', '.join(_POLICY_KEYS)}"
+        )
+    saves = tuple(str(e) for e in policy.get("save", ()))
+    _saved_ops(saves, region)
+    return saves
+
+
+def _member_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    region, index = self.__dict__["_ckptplan_member"]
+    return region.call(index, args, kwargs)
+
+
+def _member_reduce(self: torch.nn.Module, protocol: int) -> tuple[Any, ...]:
+    """Pickle (and deepcopy) a member as its class's member variant, by the original class."""
+    return (_new_member, (type(self)._ckptplan_base,), self.__dict__.copy())
+
+
+def _new_member(base: type[torch.nn.Module]) -> torch.nn.Module:
+    return object.__new__(_member_class(base))
+
+
+_MEMBER_CLASSES: dict[type[torch.nn.Module], type[torch.nn.Module]] = {}
+
+
+def _member_class(base: type[torch.nn.Module]) -> type[torch.nn.Module]:
+    """``base`` with a region-routing ``__call__``; same name, so fingerprints are unchanged."""
+    if base not in _MEMBER_CLASSES:
+        _MEMBER_CLASSES[base] = type(
+            base.__name__,
+            (base,),
+            {
+                "__call__": _member_call,
+                "__reduce_ex__": _member_reduce,
+                "__module__": base.__module__,
+                "__qualname__": base.__qualname__,
+                "_ckptplan_base": base,
+            },
+        )
+    return _MEMBER_CLASSES[base]
+
+
+def _refuse_wrapped(model: torch.nn.Module) -> None:
+    """One-line errors for the orders that cannot work, with the order that does."""
+    order = "ckptplan.apply(model, plan), then fully_shard/DDP, then torch.compile"
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        raise CkptplanError(f"apply the plan before wrapping the model in DDP: {order}")
+    if type(model).__name__ == "OptimizedModule" and hasattr(model, "_orig_mod"):
+        raise CkptplanError(f"apply the plan before torch.compile: {order}")
+    if torch.distributed.is_available():
+        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+
+        if any(isinstance(m, FSDPModule | FullyShardedDataParallel) for m in model.modules()):
+            raise CkptplanError(f"apply the plan before fully_shard (FSDP): {order}")
+    flag = (
+        "is_activation_checkpointing"
+        if hasattr(type(model), "is_activation_checkpointing")
+        else "is_gradient_checkpointing"
+    )
+    if getattr(model, flag, False):
+        raise CkptplanError(
+            "the model already has Hugging Face gradient checkpointing on, so the plan would "
+            "checkpoint twice; call model.gradient_checkpointing_disable() before applying it"
+        )
+
+
+def _check_region(region: Region, modules: dict[str, torch.nn.Module], used: set[str]) -> None:
+    if not region.modules:
+        raise CkptplanError("the plan has a region with no modules; re-solve it")
+    parents = {path.rpartition(".")[0] for path in region.modules}
+    if len(parents) != 1:
+        raise CkptplanError(
+            f"region {_region_name(region.modules)} joins modules of different parents; a "
+            "region is a run of sibling modules"
+        )
+    for path in region.modules:
+        if path not in modules:
+            raise CkptplanError(f"the plan names module {path!r}, which this model lacks")
+        if "_ckptplan_member" in modules[path].__dict__:
+            raise CkptplanError(f"{path} is already checkpointed by ckptplan; apply a plan once")
+        if path in used:
+            raise CkptplanError(f"{path} is in two regions of the plan; re-solve it")
+        used.add(path)
+
+
+class _Installer:
+    """Builds the runtime regions of a plan and swaps the members' classes."""
+
+    def __init__(self, model: torch.nn.Module, applied: AppliedPlan) -> None:
+        self.modules = dict(model.named_modules())
+        self.reporter = _Reporter(applied)
+        self.stats: list[RegionStats] = []
+        self.nested_stats: list[RegionStats] = []
+        self.nested: list[tuple[str, ...]] = []
+        self.used: set[str] = set()
+        self.installs: list[tuple[_RegionRun, int]] = []
+
+    def region(self, region: Region, top: bool, swap: bool) -> _RegionRun:
+        if swap:
+            _check_region(region, self.modules, self.used)
+        members = [self.modules[p] for p in region.modules]
+        stats = RegionStats(_region_name(region.modules))
+        (self.stats if top else self.nested_stats).append(stats)
+        run = _RegionRun(
+            members,
+            region.modules,
+            [type(m) for m in members],
+            region.policy,
+            stats,
+            self.reporter if top else None,
+        )
+        if swap:
+            self.installs.extend((run, i) for i in range(len(members)))
+        for child in region.children:
+            self.child(region, run, child)
+        return run
+
+    def child(self, parent: Region, run: _RegionRun, child: Region) -> None:
+        self.nested.append(child.modules)
+        names = _region_name(child.modules)
+        count = len(child.modules)
+        for start in range(len(parent.modules) - count + 1):
+            if parent.modules[start : start + count] == child.modules:
+                if count == len(parent.modules):
+                    raise CkptplanError(f"nested region {names} is its parent region; re-solve")
+                if any(
+                    s[2] is not None and s[0] < start + count and start < s[1] for s in run.steps
+                ):
+                    raise CkptplanError(f"nested region {names} overlaps another; re-solve")
+                run.nest(start, start + count, self.region(child, top=False, swap=False))
+                return
+        inside = all(any(p.startswith(m + ".") for m in parent.modules) for p in child.modules)
+        if not inside:
+            raise CkptplanError(
+                f"nested region {names} is neither a run of {_region_name(parent.modules)} nor "
+                "inside it; re-solve the plan"
+            )
+        self.region(child, top=False, swap=True)
+
+    def install(self) -> None:
+        for run, index in self.installs:
+            module = run.modules[index]
+            module.__class__ = _member_class(type(module))
+            module.__dict__["_ckptplan_member"] = (run, index)
 
 
 def apply(model: torch.nn.Module, plan: Plan | str | Path, force: bool = False) -> torch.nn.Module:
     """Checkpoint ``model`` in place as ``plan`` says, and return it.
 
-    Refuses a model that is already checkpointed by ckptplan, and a model whose structure
-    differs from the one the plan was made for (unless ``force``). The summary of what was
-    wrapped is logged and kept as ``model.ckptplan_applied``.
+    Refuses a model that is already checkpointed by ckptplan (or by Hugging Face), a model
+    already wrapped by DDP, FSDP2 or ``torch.compile`` (apply comes first), and a model whose
+    structure differs from the one the plan was made for (unless ``force``). The summary of
+    what was wrapped is logged and kept as ``model.ckptplan_applied``, whose counters show the
+    recomputations.
     """
     plan = as_plan(plan)
     if getattr(model, "ckptplan_applied", None) is not None:
         raise CkptplanError(
             f"{type(model).__name__} is already checkpointed by ckptplan; apply a plan once"
         )
+    _refuse_wrapped(model)
     fingerprint = model_fingerprint(model)
     if fingerprint["hash"] != plan.fingerprint["hash"] and not force:
         raise CkptplanError(
@@ -127,19 +525,18 @@ def apply(model: torch.nn.Module, plan: Plan | str | Path, force: bool = False) 
             f"{plan.fingerprint['parameters']:,} parameters; this is {fingerprint['class']}, "
             f"{fingerprint['parameters']:,}); re-solve for this model or pass force=True"
         )
-    modules = dict(model.named_modules())
+    applied = AppliedPlan(
+        regions=tuple(r.modules for r in plan.regions),
+        solver=plan.solver,
+        policies=tuple(r.policy for r in plan.regions),
+    )
+    installer = _Installer(model, applied)
     for region in plan.regions:
-        for path in region.modules:
-            if path not in modules:
-                raise CkptplanError(f"the plan names module {path!r}, which this model lacks")
-            if isinstance(modules[path].__dict__.get("forward"), _Forward):
-                raise CkptplanError(f"{path} is already checkpointed by ckptplan")
-    for region in plan.regions:
-        members = [modules[p] for p in region.modules]
-        segment = _Segment(members, region.modules)
-        for index, module in enumerate(members):
-            module.forward = _Forward(segment, index)
-    applied = AppliedPlan(tuple(r.modules for r in plan.regions), plan.solver)
+        installer.region(region, top=True, swap=True)
+    installer.install()
+    applied.stats = tuple(installer.stats)
+    applied.nested_stats = tuple(installer.nested_stats)
+    applied.nested = tuple(installer.nested)
     model.ckptplan_applied = applied
     log.info("%s", applied)
     return model

@@ -1,6 +1,11 @@
 """Applying plans: identical gradients, real recomputation, and the refusals."""
 
 import copy
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -9,12 +14,12 @@ import ckptplan
 from ckptplan.errors import CkptplanError
 from ckptplan.loading import load_model_file
 from ckptplan.plan import Plan, Region
+from tests.conftest import MODELS, ROOT
+from tests.test_rewrite import plan_for
 
 
 @pytest.fixture(scope="module")
-def plan(request) -> Plan:
-    from tests.conftest import MODELS
-
+def plan() -> Plan:
     return ckptplan.solve(MODELS / "tiny_gpt.py", budget="1.0", solver="none", batch_size=2)
 
 
@@ -127,3 +132,229 @@ def test_a_file_that_is_not_a_plan(tmp_path) -> None:
     (tmp_path / "y.json").write_text("{nope")
     with pytest.raises(CkptplanError, match="not valid JSON"):
         Plan.load(tmp_path / "y.json")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Iterator[None]:
+    """Small ops: a second intra-op thread only spin-waits on a busy two-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class Shift(torch.nn.Module):
+    """Saves nothing for backward, so checkpointing it recomputes nothing."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+
+class Normed(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.norm = torch.nn.BatchNorm1d(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.norm(self.fc(x)))
+
+
+class Collecting(torch.nn.Module):
+    """Uses every block's output, not only the last one (like U-Net skips)."""
+
+    def __init__(self, blocks: list[torch.nn.Module]) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(blocks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        outs = []
+        for block in self.blocks:
+            x = block(x)
+            outs.append(x)
+        return sum(o.square().sum() for o in outs)
+
+
+def toy_grads(model: torch.nn.Module, seed: int = 0) -> dict[str, torch.Tensor]:
+    torch.manual_seed(seed)
+    model.zero_grad(set_to_none=True)
+    model(torch.randn(4, 8)).backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def assert_same_grads(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.allclose(a[name], b[name], atol=1e-6, rtol=0), name
+
+
+def test_the_first_backward_reports_what_was_recomputed(tiny_gpt, plan, caplog) -> None:
+    model_file = load_model_file(tiny_gpt)
+    model = model_file.build().train()
+    ckptplan.apply(model, with_regions(plan, ("layers.0", "layers.1"), ("layers.3",)))
+    assert model.ckptplan_applied.first_backward is None
+    with caplog.at_level(logging.INFO, logger="ckptplan"):
+        step(model_file, model)
+    report = "the first backward recomputed 2 of 2 checkpointed regions"
+    assert report in model.ckptplan_applied.first_backward
+    assert any(report in r.message for r in caplog.records)
+    assert model.ckptplan_applied.recomputed == 2
+    step(model_file, model)
+    assert model.ckptplan_applied.recomputed == 4
+    assert [s.recomputes for s in model.ckptplan_applied.stats] == [2, 2]
+
+
+def test_a_region_that_is_never_recomputed_is_a_warning(caplog) -> None:
+    model = Collecting([torch.nn.Linear(8, 8), Shift(), torch.nn.Linear(8, 8)])
+    ckptplan.apply(model, plan_for(model, [{"modules": ["blocks.1"]}]))
+    with caplog.at_level(logging.WARNING, logger="ckptplan"):
+        toy_grads(model)
+    assert "never recomputed: blocks.1" in caplog.text
+
+
+def test_every_member_of_a_region_returns_its_own_output() -> None:
+    torch.manual_seed(0)
+    reference = Collecting([torch.nn.Linear(8, 8) for _ in range(4)])
+    model = copy.deepcopy(reference)
+    ckptplan.apply(model, plan_for(model, [{"modules": ["blocks.0", "blocks.1", "blocks.2"]}]))
+    assert_same_grads(toy_grads(reference), toy_grads(model))
+
+
+def test_batchnorm_statistics_are_updated_once_per_step() -> None:
+    torch.manual_seed(0)
+    reference = Collecting([Normed() for _ in range(3)]).train()
+    model = copy.deepcopy(reference)
+    ckptplan.apply(model, plan_for(model, [{"modules": ["blocks.0", "blocks.1"]}]))
+    assert_same_grads(toy_grads(reference), toy_grads(model))
+    assert model.ckptplan_applied.recomputed == 1
+    for (name, a), b in zip(reference.named_buffers(), model.buffers(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_a_selective_policy_keeps_the_gradients(tiny_gpt, plan) -> None:
+    model_file = load_model_file(tiny_gpt)
+    torch.manual_seed(0)
+    reference = model_file.build().train()
+    regions = [
+        {"modules": ["layers.1"], "policy": {"save": ["aten.addmm.default#1", "aten.bmm.default"]}},
+        {
+            "modules": ["layers.2", "layers.3"],
+            "policy": {"save": ["aten.native_layer_norm.default"]},
+        },
+    ]
+    planned = Plan.from_json({**plan.to_json(), "regions": regions})
+    model = ckptplan.apply(copy.deepcopy(reference), planned)
+    assert "selective: layers.1 keeps 2 op outputs; layers.2+layers.3 keeps 1 op output" in str(
+        model.ckptplan_applied
+    )
+    expected, got = step(model_file, reference), step(model_file, model)
+    assert_same_grads(expected, got)
+
+
+@pytest.mark.parametrize(
+    ("policy", "message"),
+    [
+        ({"offload": ["aten.mm.default"]}, "apply supports save"),
+        ({"save": ["aten.no_such_op.default"]}, "which is no torch op"),
+        ({"save": ["mm"]}, "namespace.op.overload"),
+        ({"save": ["aten.mm.default#x"]}, "write op#k"),
+    ],
+)
+def test_a_bad_policy_is_a_one_line_error(tiny_gpt, plan, policy, message) -> None:
+    model = load_model_file(tiny_gpt).build()
+    planned = Plan.from_json(
+        {**plan.to_json(), "regions": [{"modules": ["layers.0"], "policy": policy}]}
+    )
+    with pytest.raises(CkptplanError, match=message) as info:
+        ckptplan.apply(model, planned)
+    assert "\n" not in str(info.value)
+
+
+def test_nested_regions_run_inside_their_region(tiny_gpt, plan) -> None:
+    model_file = load_model_file(tiny_gpt)
+    torch.manual_seed(0)
+    reference = model_file.build().train()
+    regions = [
+        {"modules": ["layers.0", "layers.1", "layers.2"], "children": [{"modules": ["layers.1"]}]},
+        {"modules": ["layers.4"], "children": [{"modules": ["layers.4.mlp"]}]},
+    ]
+    model = ckptplan.apply(
+        copy.deepcopy(reference), Plan.from_json({**plan.to_json(), "regions": regions})
+    )
+    assert_same_grads(step(model_file, reference), step(model_file, model))
+    applied = model.ckptplan_applied
+    assert applied.nested == (("layers.1",), ("layers.4.mlp",))
+    assert all(s.recomputes >= 1 for s in applied.nested_stats)
+
+
+@pytest.mark.parametrize(
+    ("regions", "message"),
+    [
+        ([{"modules": ["layers.0", "layers.1"]}, {"modules": ["layers.1"]}], "in two regions"),
+        ([{"modules": ["layers.0", "head"]}], "different parents"),
+        ([{"modules": ["layers.0"], "children": [{"modules": ["layers.2"]}]}], "neither a run"),
+        ([{"modules": ["layers.0"], "children": [{"modules": ["layers.0"]}]}], "its parent"),
+    ],
+)
+def test_regions_that_cannot_run_are_one_line_errors(tiny_gpt, plan, regions, message) -> None:
+    model = load_model_file(tiny_gpt).build()
+    with pytest.raises(CkptplanError, match=message):
+        ckptplan.apply(model, Plan.from_json({**plan.to_json(), "regions": regions}))
+
+
+def test_apply_comes_before_compile_and_hugging_face_checkpointing() -> None:
+    model = Collecting([torch.nn.Linear(8, 8) for _ in range(2)])
+    plan = plan_for(model, [{"modules": ["blocks.0"]}])
+    with pytest.raises(CkptplanError, match=r"before torch\.compile"):
+        ckptplan.apply(torch.compile(model), plan)
+    model.is_gradient_checkpointing = True
+    with pytest.raises(CkptplanError, match="gradient_checkpointing_disable"):
+        ckptplan.apply(model, plan)
+
+
+def test_apply_comes_before_ddp_and_fully_shard(tmp_path) -> None:
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        model = Collecting([torch.nn.Linear(8, 8) for _ in range(2)])
+        plan = plan_for(model, [{"modules": ["blocks.0"]}])
+        with pytest.raises(CkptplanError, match="before wrapping the model in DDP"):
+            ckptplan.apply(torch.nn.parallel.DistributedDataParallel(model), plan)
+        fully_shard(model.blocks[1])
+        with pytest.raises(CkptplanError, match="before fully_shard"):
+            ckptplan.apply(model, plan)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_an_applied_model_pickles(tmp_path) -> None:
+    torch.manual_seed(0)
+    model = Collecting([Normed() for _ in range(3)])
+    ckptplan.apply(model, plan_for(model, [{"modules": ["blocks.0", "blocks.1"]}]))
+    torch.save(model, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    assert_same_grads(toy_grads(model), toy_grads(loaded))
+    assert loaded.ckptplan_applied.recomputed == 1
+    assert type(loaded.blocks[0]).__name__ == "Normed"
+
+
+@pytest.mark.parametrize(
+    ("script", "arguments"),
+    [
+        ("train_plain.py", ("--model", str(MODELS / "tiny_gpt.py"), "--batch-size", "2")),
+        ("train_hf.py", ("--batch-size", "2")),
+    ],
+)
+def test_the_single_process_examples_train_and_report(script, arguments) -> None:
+    if script == "train_hf.py":
+        pytest.importorskip("transformers")
+    command = [sys.executable, str(ROOT / "examples" / script), "--budget", "70%", "--steps", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([*command, *arguments], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "the first backward recomputed" in done.stderr
+    assert "step 1: loss" in done.stderr

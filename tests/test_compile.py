@@ -1,0 +1,153 @@
+"""A plan under ``torch.compile``: no graph breaks from the wrapper, one checkpoint per region
+in the graph, and training with the eager unchecked model's gradients (``aot_eager``).
+
+The plan joins blocks, nests one and gives one a selective policy, so every path through
+``apply`` is traced. tiny_gpt has dropout on; the compiled run replays the same masks.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch._dynamo
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+
+import ckptplan
+import ckptplan.rewrite
+from ckptplan.loading import ModelFile, call_model, load_model_file
+from ckptplan.plan import Plan
+from ckptplan.training import make_optimizer
+from tests.conftest import MODELS, ROOT
+from tests.test_rewrite import original_name, plan_for
+
+REGIONS = [
+    {"modules": ["layers.0", "layers.1"], "children": [{"modules": ["layers.0"]}]},
+    {"modules": ["layers.3"], "policy": {"save": ["aten.addmm.default#0"]}},
+    {"modules": ["layers.4", "layers.5"]},
+]
+STEPS = 2
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo() -> Iterator[None]:
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture(scope="module")
+def model_file() -> ModelFile:
+    return load_model_file(MODELS / "tiny_gpt.py")
+
+
+def planned(model_file: ModelFile) -> tuple[torch.nn.Module, torch.nn.Module, Plan]:
+    torch.manual_seed(0)
+    reference = model_file.build().train()
+    plan = plan_for(reference, REGIONS)
+    return reference, ckptplan.apply(copy.deepcopy(reference), plan), plan
+
+
+def train(model_file: ModelFile, model: torch.nn.Module, params: torch.nn.Module) -> list[dict]:
+    """Gradients of each of STEPS seeded AdamW steps (``params`` owns the parameters)."""
+    optimizer = make_optimizer("adamw", params)
+    grads = []
+    for step in range(STEPS):
+        torch.manual_seed(100 + step)
+        inputs = model_file.inputs(2)
+        torch.manual_seed(200 + step)
+        model_file.loss(call_model(model, inputs)).backward()
+        grads.append({n: p.grad.clone() for n, p in params.named_parameters()})
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return grads
+
+
+def assert_same(expected: list[dict], got: list[dict]) -> None:
+    for before, after in zip(expected, got, strict=True):
+        assert before.keys() == after.keys()
+        for name in before:
+            assert torch.allclose(before[name], after[name], atol=1e-6, rtol=0), name
+
+
+def test_the_wrapper_adds_no_graph_break_and_one_checkpoint_per_region(model_file) -> None:
+    reference, model, _ = planned(model_file)
+    inputs = model_file.inputs(2)
+    plain = torch._dynamo.explain(reference)(*inputs)
+    checked = torch._dynamo.explain(model)(*inputs)
+    assert checked.graph_break_count == plain.graph_break_count
+    assert checked.graph_count == plain.graph_count
+    torch._dynamo.reset()
+    checkpoints: list[int] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        checkpoints.append(sum(_checkpoints(gm)))
+        return gm
+
+    torch.compile(model, backend=backend)(*inputs)
+    assert sum(checkpoints) == len(REGIONS)
+    assert all(s.compiled_calls >= 1 for s in model.ckptplan_applied.stats)
+
+
+def test_the_compiled_forward_saves_less_for_backward(model_file) -> None:
+    reference, model, _ = planned(model_file)
+    inputs = model_file.inputs(2)
+    plain = _saved_for_backward(model_file, reference, inputs)
+    torch._dynamo.reset()
+    assert _saved_for_backward(model_file, model, inputs) < plain
+
+
+def _saved_for_backward(model_file: ModelFile, model: torch.nn.Module, inputs: Any) -> int:
+    """Tensors the compiled forward hands to the compiled backward (outputs beyond the loss)."""
+    counts: list[int] = []
+
+    def forward(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        output = next(n for n in gm.graph.nodes if n.op == "output")
+        counts.append(len(output.args[0]) - 1)
+        return make_boxed_func(gm.forward)
+
+    backend = aot_autograd(
+        fw_compiler=forward, bw_compiler=lambda gm, _: make_boxed_func(gm.forward)
+    )
+    model_file.loss(call_model(torch.compile(model, backend=backend), inputs)).backward()
+    return sum(counts)
+
+
+def _checkpoints(gm: torch.fx.GraphModule) -> Iterator[int]:
+    for node in gm.graph.nodes:
+        yield int(node.op == "call_function" and "checkpoint" in str(node.target))
+
+
+def test_a_compiled_plan_trains_with_the_unchecked_gradients(model_file) -> None:
+    reference, model, _ = planned(model_file)
+    expected = train(model_file, reference, reference)
+    got = train(model_file, torch.compile(model, backend="aot_eager"), model)
+    assert_same(expected, got)
+    assert model.ckptplan_applied.recomputed == 0, "recomputation happens in the compiled graph"
+    assert all(s.compiled_calls >= 1 for s in model.ckptplan_applied.stats)
+
+
+def test_a_compiled_rewritten_module_trains_with_the_unchecked_gradients() -> None:
+    mlp = load_model_file(ROOT / "sample_models" / "mlp.py")
+    torch.manual_seed(0)
+    reference = mlp.build().train()
+    regions = [
+        {"modules": ["blocks.0", "blocks.1"]},
+        {"modules": ["blocks.4"], "policy": {"save": ["aten.addmm.default"]}},
+    ]
+    module = ckptplan.rewrite(copy.deepcopy(reference), plan_for(reference, regions))
+    expected = train(mlp, reference, reference)
+    got = train(mlp, torch.compile(module, backend="aot_eager"), module)
+    assert_same(expected, [{original_name(n): g for n, g in grads.items()} for grads in got])
