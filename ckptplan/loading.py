@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import Any
 
 import torch
+from torch._guards import detect_fake_mode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -89,8 +90,8 @@ class ModelFile:
 class LiveModel:
     """A model object and its batch, given through the Python API instead of a file.
 
-    ``build`` returns a copy, so profiling under ``FakeTensorMode`` makes a fake copy and
-    never touches the user's weights.
+    ``build`` returns a copy; under ``FakeTensorMode`` its weights are fake tensors of the same
+    shapes, so profiling never touches (or duplicates) the user's weights.
     """
 
     model: torch.nn.Module
@@ -104,7 +105,16 @@ class LiveModel:
     default_batch_size = None
 
     def build(self) -> torch.nn.Module:
-        return copy.deepcopy(self.model)
+        mode = detect_fake_mode()
+        if mode is None:
+            return copy.deepcopy(self.model)
+        memo: dict[int, Any] = {}
+        for tensor in (*self.model.parameters(), *self.model.buffers()):
+            fake = mode.from_tensor(tensor)
+            if isinstance(tensor, torch.nn.Parameter):
+                fake = torch.nn.Parameter(fake, requires_grad=tensor.requires_grad)
+            memo[id(tensor)] = fake
+        return copy.deepcopy(self.model, memo)
 
     def inputs(self, batch_size: int | None = None) -> Inputs:
         if batch_size is not None:

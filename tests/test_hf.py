@@ -91,3 +91,16 @@ def test_apply_wraps_the_planned_layers(name: str) -> None:
     regions = model.ckptplan_applied.regions
     assert regions == tuple(r.modules for r in plan.regions)
     assert {path for region in regions for path in region} <= set(layer_paths(name))
+
+
+def test_a_model_object_goes_through_the_python_api() -> None:
+    from tests.models import hf_llama
+
+    torch.manual_seed(0)
+    model, inputs = hf_llama.build_model(), hf_llama.example_inputs()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    plan = ckptplan.solve(model, inputs, budget="0.7")
+    result = ckptplan.verify(model, plan, inputs, repeats=1)
+    assert result.measured_peak_bytes <= plan.budget["bytes"]
+    assert result.max_grad_abs_diff <= 1e-6
+    assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
