@@ -2,14 +2,18 @@
 
 import itertools
 import random
+from collections import Counter
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import ckptplan
 from ckptplan.costs import OpRecord
 from ckptplan.loading import load_model_file
+from ckptplan.plan import Plan
 from ckptplan.problem import save_items, selective_menus, to_chain
 from ckptplan.profiler import Settings, profile_model
 from ckptplan.solvers import run_solver
@@ -109,3 +113,39 @@ def test_selective_plans_keep_gradients_and_fit(tmp_path) -> None:
     assert abs(result.measured_peak_bytes - plan.predicted["fake_run_peak_bytes"]) <= (
         0.01 * result.measured_peak_bytes
     )
+
+
+class _OpCounter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def backward_ops(model_file, model) -> Counter[str]:
+    torch.manual_seed(0)
+    loss = model_file.loss(model(*model_file.inputs(2)))
+    counter = _OpCounter()
+    with counter:
+        loss.backward()
+    return counter.calls
+
+
+def test_saved_ops_are_not_rerun_in_backward_and_the_others_are(tiny_gpt) -> None:
+    model_file = load_model_file(tiny_gpt)
+    plan = ckptplan.solve(tiny_gpt, budget="1.0", solver="none", batch_size=2, fake_run=False)
+
+    def applied(policy):
+        data = {**plan.to_json(), "regions": [{"modules": ["layers.2"], "policy": policy}]}
+        return ckptplan.apply(model_file.build().train(), Plan.from_json(data))
+
+    plain = backward_ops(model_file, model_file.build().train())
+    full = backward_ops(model_file, applied(None))
+    selective = backward_ops(model_file, applied({"save": ["aten.addmm.default"]}))
+    recomputed = full["aten.addmm.default"] - plain["aten.addmm.default"]
+    assert recomputed > 0, "a checkpointed block re-runs its matmuls in backward"
+    assert selective["aten.addmm.default"] == plain["aten.addmm.default"], "saved: not re-run"
+    assert selective["aten.gelu.default"] == full["aten.gelu.default"] > plain["aten.gelu.default"]
