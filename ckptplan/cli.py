@@ -19,6 +19,7 @@ from ckptplan import __version__
 from ckptplan.devices import DEVICES
 from ckptplan.errors import CkptplanError
 from ckptplan.options import DTYPES, OPTIMIZERS, SCOPES
+from ckptplan.remat_command import remat
 from ckptplan.solvers import SOLVERS
 
 
@@ -421,6 +422,9 @@ def verify(
         show_verification(result, Console())
     if not (result.within_budget and result.grads_match):
         sys.exit(1)
+
+
+cli.add_command(remat)
 
 
 def main() -> None:
