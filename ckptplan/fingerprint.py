@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from ckptplan.errors import CkptplanError
+
 
 def model_fingerprint(model: torch.nn.Module) -> dict[str, Any]:
     modules = [[path, type(m).__name__] for path, m in model.named_modules()]
@@ -34,3 +36,14 @@ def inputs_signature(inputs: object) -> Any:
     if isinstance(inputs, dict):
         return {k: inputs_signature(v) for k, v in inputs.items()}
     return repr(inputs)
+
+
+def check_model_matches(model: torch.nn.Module, plan: Any, force: bool = False) -> None:
+    """Refuse a plan made for another model (structure or parameter shapes), unless forced."""
+    fingerprint = model_fingerprint(model)
+    if fingerprint["hash"] != plan.fingerprint["hash"] and not force:
+        raise CkptplanError(
+            f"the plan was made for another model ({plan.model}: {plan.fingerprint['class']}, "
+            f"{plan.fingerprint['parameters']:,} parameters; this is {fingerprint['class']}, "
+            f"{fingerprint['parameters']:,}); re-solve for this model or pass force=True"
+        )

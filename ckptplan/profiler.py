@@ -36,6 +36,7 @@ from ckptplan.training import (
     autocast_context,
     cast_floating,
     cast_model,
+    first_tensor,
     make_optimizer,
     parse_dtype,
     persistent_tensors,
@@ -167,13 +168,6 @@ def _example_paths(model: torch.nn.Module) -> str:
     return ", ".join(paths) if paths else "(the model has no submodules)"
 
 
-def _first_tensor(tree: Any) -> torch.Tensor | None:
-    for leaf in pytree.tree_leaves(tree):
-        if isinstance(leaf, torch.Tensor):
-            return leaf
-    return None
-
-
 def _same_arguments(a: Any, b: Any) -> bool:
     """Whether two calls passed the same extra arguments (tensors by identity)."""
     leaves_a, spec_a = pytree.tree_flatten(a)
@@ -247,7 +241,7 @@ class _StepRecorder:
         def hook(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
             call = self.calls[index]
             call.calls += 1
-            x = _first_tensor(args) if args else _first_tensor(kwargs)
+            x = first_tensor(args) if args else first_tensor(kwargs)
             self.mark(f"fwd:{index}")
             if x is None:
                 return
@@ -272,7 +266,7 @@ class _StepRecorder:
 
     def _post(self, index: int) -> Any:
         def hook(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-            out = _first_tensor(output)
+            out = first_tensor(output)
             call = self.calls[index]
             if out is not None:
                 call.output_key = storage_key(out)
@@ -397,7 +391,7 @@ def _measured_ops(
 
 
 def _device_type(inputs: Any) -> str:
-    tensor = _first_tensor(inputs)
+    tensor = first_tensor(inputs)
     return tensor.device.type if tensor is not None else "cpu"
 
 

@@ -40,7 +40,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ckptplan.budget import format_bytes
 from ckptplan.errors import CkptplanError
-from ckptplan.fingerprint import model_fingerprint
+from ckptplan.fingerprint import check_model_matches
 from ckptplan.loading import load_model_file
 from ckptplan.plan import Plan, Region, as_plan
 from ckptplan.wrapping import _policy_saves, _refuse_wrapped, _selective_contexts
@@ -73,12 +73,7 @@ def rewrite(
             "model before applying a plan, not after"
         )
     _refuse_wrapped(model)
-    fingerprint = model_fingerprint(model)
-    if fingerprint["hash"] != plan.fingerprint["hash"] and not force:
-        raise CkptplanError(
-            f"the plan was made for another model ({plan.model}: {plan.fingerprint['class']}; "
-            f"this is {fingerprint['class']}); re-solve for this model or pass force=True"
-        )
+    check_model_matches(model, plan, force)
     try:
         traced = torch.fx.symbolic_trace(model)
     except Exception as exc:

@@ -17,7 +17,7 @@ from ckptplan.measure import measure_compile_budget, verify_plan
 from ckptplan.problem import selective_menus, to_chain
 from ckptplan.profiler import Settings, profile_model
 from ckptplan.solvers import baselines, dp
-from ckptplan.solvers.chain import Schedule
+from ckptplan.solvers.selective import thin
 
 
 @dataclass(frozen=True)
@@ -39,13 +39,6 @@ class SweepPoint:
         return asdict(self)
 
 
-def _thin(plans: list[Schedule], points: int) -> list[Schedule]:
-    if len(plans) <= points:
-        return plans
-    step = (len(plans) - 1) / (points - 1)
-    return [plans[round(i * step)] for i in range(points)]
-
-
 def sweep(
     workload: Workload,
     settings: Settings,
@@ -65,8 +58,8 @@ def sweep(
     chain = to_chain(profile, menus=menus)
     schedules = [baselines.none(chain), baselines.full(chain), baselines.sqrt(chain)]
     schedules += [baselines.every_k(chain, k) for k in every]
-    schedules += _thin(dp.frontier(chain), points)
-    schedules += _thin(dp.frontier(chain, selective=True, name="auto"), points)
+    schedules += thin(dp.frontier(chain), points)
+    schedules += thin(dp.frontier(chain, selective=True, name="auto"), points)
     out = []
     for schedule in schedules:
         plan = plan_from_schedule(profile, chain, schedule, "sweep", schedule.peak, menus=menus)

@@ -85,6 +85,11 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer | None) -> Iterator[torch
                 yield value
 
 
+def first_tensor(tree: Any) -> torch.Tensor | None:
+    """The first tensor of a nested structure (a block's hidden state in its args or output)."""
+    return next(input_tensors(tree), None)
+
+
 def input_tensors(inputs: object) -> Iterator[torch.Tensor]:
     if isinstance(inputs, torch.Tensor):
         yield inputs

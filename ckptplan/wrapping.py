@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
 from torch.utils.checkpoint import (
     CheckpointPolicy,
     checkpoint,
@@ -41,8 +40,9 @@ from torch.utils.checkpoint import (
 )
 
 from ckptplan.errors import CkptplanError
-from ckptplan.fingerprint import model_fingerprint
+from ckptplan.fingerprint import check_model_matches
 from ckptplan.plan import Plan, Region, as_plan
+from ckptplan.training import first_tensor
 
 log = logging.getLogger("ckptplan")
 
@@ -114,7 +114,7 @@ class _Reporter:
         """Hook the region's output so the end of the backward through it is seen."""
         if self.done:
             return
-        leaf = _first_tensor(out)
+        leaf = first_tensor(out)
         if leaf is not None and leaf.requires_grad:
             leaf.register_hook(self._on_gradient)
 
@@ -198,7 +198,7 @@ class _RegionRun:
         outs: list[Any] = []
         for start, _, child in self.steps:
             if outs:
-                args, kwargs = _next_arguments(args, kwargs, _first_tensor(outs[-1]))
+                args, kwargs = _next_arguments(args, kwargs, first_tensor(outs[-1]))
             if child is None:
                 outs.append(self.bases[start].__call__(self.modules[start], *args, **kwargs))
             else:
@@ -255,7 +255,7 @@ class _RegionRun:
                 self.stats.compiled_calls += 1
             outs = self.checkpointed(args, kwargs)
             self.pending = list(outs[1:])
-            self.expected = _first_tensor(outs[0]) if self.pending else None
+            self.expected = first_tensor(outs[0]) if self.pending else None
             return outs[0]
         if len(self.pending) != len(self.modules) - index:
             self.pending = []
@@ -263,7 +263,7 @@ class _RegionRun:
                 f"ckptplan: {self.paths[index]} ran without {self.paths[index - 1]} just before "
                 "it, but the plan checkpoints them as one region; re-solve with --max-segment 1"
             )
-        received = _first_tensor(args) if args else _first_tensor(kwargs)
+        received = first_tensor(args) if args else first_tensor(kwargs)
         if received is not self.expected:
             self.pending = []
             raise RuntimeError(
@@ -272,15 +272,8 @@ class _RegionRun:
                 "with --max-segment 1"
             )
         out = self.pending.pop(0)
-        self.expected = _first_tensor(out) if self.pending else None
+        self.expected = first_tensor(out) if self.pending else None
         return out
-
-
-def _first_tensor(tree: Any) -> torch.Tensor | None:
-    for leaf in pytree.tree_leaves(tree):
-        if isinstance(leaf, torch.Tensor):
-            return leaf
-    return None
 
 
 def _next_arguments(
@@ -518,13 +511,7 @@ def apply(model: torch.nn.Module, plan: Plan | str | Path, force: bool = False) 
             f"{type(model).__name__} is already checkpointed by ckptplan; apply a plan once"
         )
     _refuse_wrapped(model)
-    fingerprint = model_fingerprint(model)
-    if fingerprint["hash"] != plan.fingerprint["hash"] and not force:
-        raise CkptplanError(
-            f"the plan was made for another model ({plan.model}: {plan.fingerprint['class']}, "
-            f"{plan.fingerprint['parameters']:,} parameters; this is {fingerprint['class']}, "
-            f"{fingerprint['parameters']:,}); re-solve for this model or pass force=True"
-        )
+    check_model_matches(model, plan, force)
     applied = AppliedPlan(
         regions=tuple(r.modules for r in plan.regions),
         solver=plan.solver,

@@ -18,6 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,7 @@ def frontier(items: Sequence[SaveItem], max_points: int | None = None) -> list[S
         )
         for kept, (gained, chosen) in sorted(points.items())
     ]
-    return _thin(selections, max_points) if max_points else selections
+    return thin(selections, max_points) if max_points else selections
 
 
 def _pareto(
@@ -80,9 +83,10 @@ def _pareto(
     return kept
 
 
-def _thin(selections: list[Selection], max_points: int) -> list[Selection]:
-    if len(selections) <= max_points:
-        return selections
-    step = (len(selections) - 1) / (max_points - 1)
+def thin(points: Sequence[T], max_points: int) -> list[T]:
+    """At most ``max_points`` of ``points``, evenly spaced, the first and last always kept."""
+    if len(points) <= max_points:
+        return list(points)
+    step = (len(points) - 1) / (max_points - 1)
     picks = sorted({round(i * step) for i in range(max_points)})
-    return [selections[i] for i in picks]
+    return [points[i] for i in picks]
