@@ -162,11 +162,9 @@ def plan_from_schedule(
     """The plan file for a solver's schedule of ``prof``'s chain (``menus`` name the ops kept
     by the schedule's selective options).
     """
-    policies = {
-        block: {"save": list(menus[block][option].saved)}
-        for block, option in schedule.options
-        if menus is not None
-    }
+    chosen = [(block, menus[block][option]) for block, option in schedule.options] if menus else []
+    policies = {block: _policy(selection) for block, selection in chosen}
+    offloaded = sum(selection.offloaded_bytes for _, selection in chosen)
     return Plan(
         model=prof.model_name,
         fingerprint=prof.fingerprint,
@@ -179,9 +177,17 @@ def plan_from_schedule(
             Region(tuple(b.path for b in prof.blocks[start:end]), policy=policies.get(start))
             for start, end in schedule.segments
         ),
-        predicted=predict(prof, chain, schedule, scope).to_json(),
+        predicted=predict(prof, chain, schedule, scope, offloaded).to_json(),
         baselines={},
     )
+
+
+def _policy(selection: Selection) -> dict[str, list[str]]:
+    """A region's policy: the ops it keeps and, if any, the ops it sends to host memory."""
+    policy = {"save": list(selection.saved)}
+    if selection.offloaded:
+        policy["offload"] = list(selection.offloaded)
+    return policy
 
 
 def verify(

@@ -2,6 +2,8 @@
 
 An op's time is ``max(FLOPs / peak FLOP/s for its dtype, bytes moved / memory bandwidth)``.
 Figures are dense (no sparsity) vendor peaks; ``cpu`` is a two-core laptop-class machine.
+``host_bandwidth`` is what one direction of the host link (PCIe) sustains, the price of
+offloading a saved tensor to host memory and back; a CPU has no host to offload to.
 """
 
 from __future__ import annotations
@@ -19,19 +21,25 @@ class Device:
     """Peak FLOP/s for bf16/fp16 tensor-core math."""
     bandwidth: float
     """Memory bandwidth in bytes per second."""
+    host_bandwidth: float = 0.0
+    """Bytes per second to and from host memory; 0 where the device memory is host memory."""
 
     def op_time(self, flops: float, bytes_moved: float, half: bool) -> float:
         peak = self.half_flops if half else self.fp32_flops
         return max(flops / peak, bytes_moved / self.bandwidth)
 
+    def offload_time(self, nbytes: int) -> float | None:
+        """Time to copy ``nbytes`` to host memory and back; None where there is no host."""
+        return 2 * nbytes / self.host_bandwidth if self.host_bandwidth else None
+
 
 DEVICES = {
     d.name: d
     for d in (
-        Device("h100", 67e12, 989e12, 3.35e12),
-        Device("a100", 19.5e12, 312e12, 2.0e12),
-        Device("l4", 30e12, 121e12, 0.3e12),
-        Device("rtx4090", 82.6e12, 165e12, 1.0e12),
+        Device("h100", 67e12, 989e12, 3.35e12, host_bandwidth=50e9),
+        Device("a100", 19.5e12, 312e12, 2.0e12, host_bandwidth=25e9),
+        Device("l4", 30e12, 121e12, 0.3e12, host_bandwidth=25e9),
+        Device("rtx4090", 82.6e12, 165e12, 1.0e12, host_bandwidth=25e9),
         Device("cpu", 1.0e11, 0.5e11, 2.0e10),
     )
 }

@@ -4,17 +4,19 @@
 activations); ``scope="activations"`` budgets activations alone, so the persistent bytes and
 the gradients present at each event are taken out of every figure.
 
-Each block may also carry a menu of selective policies (which op outputs to keep when it is
-checkpointed), the Pareto frontier of an exact knapsack over its forward ops. Repeated blocks
-(same ops, same sizes) are solved once.
+Each block may also carry a menu of selective policies (which op outputs to keep, and on a
+device with a host link which to offload, when it is checkpointed), the Pareto frontier of an
+exact knapsack over its forward ops. Repeated blocks (same ops, same sizes) are solved once.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
 
 from ckptplan.costs import OpRecord
+from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError
 from ckptplan.options import SCOPES
 from ckptplan.profiler import BlockProfile, Profile
@@ -81,13 +83,18 @@ def _chain_block(b: BlockProfile) -> ChainBlock:
     )
 
 
-def save_items(ops: list[OpRecord], free: set[int] | None = None) -> list[SaveItem]:
+def save_items(
+    ops: list[OpRecord],
+    free: set[int] | None = None,
+    offload_time: Callable[[int], float | None] | None = None,
+) -> list[SaveItem]:
     """The keep-or-recompute decisions of one block's forward, ops named ``op#k``.
 
     ``k`` counts the calls of that overload in the block's forward, as a selective policy sees
     them. In-place ops are never kept (their output is another op's storage), nor ops whose
     output an in-place op later overwrites; the random ops form one decision, so their outputs
     are kept or regenerated together. Ops at the indices in ``free`` cost no memory to keep.
+    ``offload_time`` prices a round trip of that many bytes to host memory (None: no host).
     """
     calls: Counter[str] = Counter()
     items: list[SaveItem] = []
@@ -110,11 +117,18 @@ def save_items(ops: list[OpRecord], free: set[int] | None = None) -> list[SaveIt
                 sum(t for _, _, t in random),
             )
         )
-    return items
+    if offload_time is None:
+        return items
+    return [
+        replace(item, offload_time=offload_time(item.output_bytes)) if item.output_bytes else item
+        for item in items
+    ]
 
 
 def selective_menus(profile: Profile, points: int = MENU_POINTS) -> list[list[Selection]]:
-    """Per block, the selective options worth offering (keeping nothing is plain checkpoint)."""
+    """Per block, the selective options worth offering (keeping and offloading nothing is plain
+    checkpoint). Offload is priced by the host link of the profile's ``--device``."""
+    device = get_device(profile.settings.device)
     forward: dict[str, list[OpRecord]] = {}
     for op in profile.ops:
         if op.phase.startswith("fwd:") and not op.backward:
@@ -127,7 +141,7 @@ def selective_menus(profile: Profile, points: int = MENU_POINTS) -> list[list[Se
         free = {len(ops) - 1} if ops and ops[-1].output_bytes == block.output_bytes else set()
         signature = (block.class_name, *((o.op, o.output_bytes, round(o.time, 12)) for o in ops))
         if signature not in cache:
-            menu = frontier(save_items(ops, free), points)
-            cache[signature] = [s for s in menu if s.saved]
+            menu = frontier(save_items(ops, free, device.offload_time), points)
+            cache[signature] = [s for s in menu if s.saved or s.offloaded]
         menus.append(cache[signature])
     return menus

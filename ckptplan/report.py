@@ -20,7 +20,8 @@ def _regions_text(plan: Plan) -> str:
         first, last = region.modules[0], region.modules[-1]
         name = first if first == last else f"{first} … {last}"
         if region.policy:
-            name += f" (selective: keeps {len(region.policy.get('save', ()))} ops)"
+            kept, moved = len(region.policy.get("save", ())), len(region.policy.get("offload", ()))
+            name += f" (selective: keeps {kept} ops" + (f", offloads {moved})" if moved else ")")
         names.append(name)
     return ", ".join(names)
 
@@ -49,6 +50,11 @@ def show_plan(plan: Plan, console: Console) -> None:
             f"[bold]{format_bytes(p['fake_run_peak_bytes'])}[/]"
         )
     console.print(f"checkpointed regions ({len(plan.regions)}): {_regions_text(plan)}")
+    if p.get("offloaded_bytes"):
+        console.print(
+            f"offloaded to host memory (pinned): [bold]{format_bytes(p['offloaded_bytes'])}[/] "
+            "at the end of forward; its transfers are counted in the recompute time"
+        )
     parts = Table(title="predicted peak by category", show_header=True, box=None)
     for column in ("parameters", "gradients", "optimizer", "batch", "activations", "total"):
         parts.add_column(column, justify="right")

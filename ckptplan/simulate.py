@@ -23,7 +23,10 @@ class Prediction:
     inputs: int
     activations: int
     recompute_time_s: float
+    """Time spent recomputing, and moving offloaded tensors to host memory and back."""
     step_time_s: float
+    offloaded_bytes: int = 0
+    """Host memory that offloaded tensors hold at the end of forward."""
 
     @property
     def overhead(self) -> float:
@@ -46,8 +49,13 @@ def _gradients_at(profile: Profile, event: str) -> int:
     return 0
 
 
-def predict(profile: Profile, chain: Chain, schedule: Schedule, scope: str = "step") -> Prediction:
-    """The prediction of ``schedule``; in scope ``activations`` the peak counts activations."""
+def predict(
+    profile: Profile, chain: Chain, schedule: Schedule, scope: str = "step", offloaded: int = 0
+) -> Prediction:
+    """The prediction of ``schedule``; in scope ``activations`` the peak counts activations.
+
+    ``offloaded`` is the host memory its selective policies offload to.
+    """
     gradients = _gradients_at(profile, schedule.peak_event)
     persistent = profile.persistent_bytes
     activations = schedule.peak - (persistent + gradients if scope == "step" else 0)
@@ -61,4 +69,5 @@ def predict(profile: Profile, chain: Chain, schedule: Schedule, scope: str = "st
         activations=max(0, activations),
         recompute_time_s=schedule.recompute_time,
         step_time_s=profile.step_time,
+        offloaded_bytes=offloaded,
     )

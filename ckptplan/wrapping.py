@@ -33,7 +33,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map_only
 from torch.utils.checkpoint import (
+    SAC_IGNORED_OPS,
     CheckpointPolicy,
     checkpoint,
     create_selective_checkpoint_contexts,
@@ -46,7 +50,7 @@ from ckptplan.training import first_tensor
 
 log = logging.getLogger("ckptplan")
 
-_POLICY_KEYS = ("save",)
+_POLICY_KEYS = ("save", "offload")
 
 
 @dataclass
@@ -159,7 +163,7 @@ class _RegionRun:
         self.paths = paths
         self.bases = bases
         self.name = _region_name(paths)
-        self.saves = _policy_saves(policy, self.name)
+        self.policy = _policy_ops(policy, self.name)
         self.stats = stats
         self.reporter = reporter
         self.steps: list[tuple[int, int, _RegionRun | None]] = [
@@ -222,16 +226,24 @@ class _RegionRun:
         return outs
 
     def _checkpoint(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-        if self.saves is None:
+        if self.policy is None:
             return checkpoint(self.run, args, kwargs, use_reentrant=False, preserve_rng_state=True)
+        saves, offloads = self.policy
         # Built here, not stored: torch.compile takes a context_fn made in the traced frame.
+        # Eager torch recomputes what a *_CPU_OFFLOAD policy names, so eager offload runs
+        # ckptplan's own caching modes; under torch.compile the policy goes to the partitioner.
+        contexts = (
+            _offload_contexts
+            if offloads and not torch.compiler.is_compiling()
+            else _selective_contexts
+        )
         return checkpoint(
             self.run,
             args,
             kwargs,
             use_reentrant=False,
             preserve_rng_state=True,
-            context_fn=functools.partial(_selective_contexts, self.saves, self.name),
+            context_fn=functools.partial(contexts, saves, self.name, offloads),
         )
 
     def _buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -319,30 +331,152 @@ def _saved_ops(saves: tuple[str, ...], region: str) -> tuple[frozenset[Any], fro
     return frozenset(every), frozenset(nth)
 
 
-def _selective_contexts(saves: tuple[str, ...], region: str) -> tuple[Any, Any]:
+class _Choices:
+    """What a region's policy does with each op call: ``"save"``, ``"offload"`` or None
+    (recompute). Calls are counted per overload, separately in forward and recompute."""
+
+    def __init__(self, saves: tuple[str, ...], offloads: tuple[str, ...], region: str) -> None:
+        self.kept = _saved_ops(saves, region)
+        self.moved = _saved_ops(offloads, region)
+        self.counts: dict[bool, Counter[Any]] = {False: Counter(), True: Counter()}
+
+    def __call__(self, func: Any, recompute: bool) -> tuple[str | None, int]:
+        seen = self.counts[recompute]
+        index = seen[func]
+        seen[func] += 1
+        for choice, (every, nth) in (("save", self.kept), ("offload", self.moved)):
+            if func in every or (func, index) in nth:
+                return choice, index
+        return None, index
+
+
+def _selective_contexts(
+    saves: tuple[str, ...], region: str, offloads: tuple[str, ...] = ()
+) -> tuple[Any, Any]:
     """The selective-checkpoint contexts of one region call (op counts start at 0 in each).
 
     A plain function under ``functools.partial``, the ``context_fn`` form that both pickling and
     ``torch.compile`` accept.
     """
-    every, nth = _saved_ops(saves, region)
-    counts: dict[bool, Counter[Any]] = {False: Counter(), True: Counter()}
+    choices = _Choices(saves, offloads, region)
+    policies = {
+        "save": CheckpointPolicy.MUST_SAVE,
+        "offload": CheckpointPolicy.MUST_CPU_OFFLOAD,
+        None: CheckpointPolicy.PREFER_RECOMPUTE,
+    }
 
     def decide(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-        seen = counts[ctx.is_recompute]
-        index = seen[func]
-        seen[func] += 1
-        if func in every or (func, index) in nth:
-            return CheckpointPolicy.MUST_SAVE
-        return CheckpointPolicy.PREFER_RECOMPUTE
+        return policies[choices(func, ctx.is_recompute)[0]]
 
     return create_selective_checkpoint_contexts(decide)
 
 
-def _policy_saves(policy: dict[str, Any] | None, region: str) -> tuple[str, ...] | None:
-    """The ops a policy ``{"save": ["aten.mm.default#1", ...]}`` saves; None without a policy.
+@dataclass(frozen=True)
+class _Offloaded:
+    """A saved output moved off the device: a pinned host copy, or a fake tensor's layout."""
 
-    An entry ``op#k`` saves the k-th call of ``op`` in the region (counting from 0), a bare
+    host: torch.Tensor | None
+    size: torch.Size
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """A saved output and its version, to refuse one an in-place op changed since."""
+
+    tensor: torch.Tensor
+    version: int
+
+
+def _keep(t: torch.Tensor) -> _Kept:
+    return _Kept(t.detach(), t._version)
+
+
+def _to_host(t: torch.Tensor) -> _Kept | _Offloaded:
+    """Move ``t`` off its device. On a CPU it is host memory already and stays; a fake tensor
+    keeps only its layout, so a fake run counts no device bytes for it until it returns."""
+    if isinstance(t, FakeTensor):
+        return _Offloaded(None, t.size(), t.stride(), t.dtype, t.device)
+    if t.device.type == "cpu":
+        return _keep(t)
+    host = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return _Offloaded(host, t.size(), t.stride(), t.dtype, t.device)
+
+
+def _restore(value: Any) -> Any:
+    """A cached output as recompute returns it: on the device, unchanged since forward."""
+    if isinstance(value, _Kept):
+        if value.tensor._version != value.version:
+            raise RuntimeError(
+                "ckptplan: an op output the plan keeps was modified in place after forward; "
+                "re-solve the plan (the profile excludes such ops)"
+            )
+        return value.tensor
+    if not isinstance(value, _Offloaded):
+        return value
+    if value.host is None:
+        return torch.empty_strided(value.size, value.stride, dtype=value.dtype, device=value.device)
+    return value.host.to(value.device, non_blocking=True)
+
+
+class _OffloadingForward(TorchDispatchMode):
+    """Forward of a region that offloads: keep what the policy saves, move what it offloads."""
+
+    def __init__(self, choices: _Choices, cache: dict[tuple[Any, int], Any]) -> None:
+        super().__init__()
+        self.choices = choices
+        self.cache = cache
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func in SAC_IGNORED_OPS:
+            return out
+        choice, index = self.choices(func, recompute=False)
+        if choice == "save":
+            self.cache[func, index] = tree_map_only(torch.Tensor, _keep, out)
+        elif choice == "offload":
+            self.cache[func, index] = tree_map_only(torch.Tensor, _to_host, out)
+        return out
+
+
+class _OffloadingRecompute(TorchDispatchMode):
+    """Recompute of such a region: kept and offloaded outputs come back, the rest runs again."""
+
+    def __init__(self, choices: _Choices, cache: dict[tuple[Any, int], Any]) -> None:
+        super().__init__()
+        self.choices = choices
+        self.cache = cache
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func in SAC_IGNORED_OPS:
+            return func(*args, **(kwargs or {}))
+        _, index = self.choices(func, recompute=True)
+        if (func, index) in self.cache:
+            cached = self.cache.pop((func, index))
+            return tree_map_only((torch.Tensor, _Kept, _Offloaded), _restore, cached)
+        return func(*args, **(kwargs or {}))
+
+
+def _offload_contexts(
+    saves: tuple[str, ...], region: str, offloads: tuple[str, ...]
+) -> tuple[Any, Any]:
+    """Eager contexts of a region whose policy offloads: one cache shared by forward and
+    recompute, so the outputs it holds are not computed again."""
+    choices = _Choices(saves, offloads, region)
+    cache: dict[tuple[Any, int], Any] = {}
+    return _OffloadingForward(choices, cache), _OffloadingRecompute(choices, cache)
+
+
+def _policy_ops(
+    policy: dict[str, Any] | None, region: str
+) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """The ops a policy ``{"save": [...], "offload": [...]}`` keeps and sends to host memory
+    (None without a policy).
+
+    An entry ``op#k`` names the k-th call of ``op`` in the region (counting from 0), a bare
     ``op`` every call; every other op is recomputed.
     """
     if not policy:
@@ -354,7 +488,28 @@ def _policy_saves(policy: dict[str, Any] | None, region: str) -> tuple[str, ...]
             f"{', '.join(_POLICY_KEYS)}"
         )
     saves = tuple(str(e) for e in policy.get("save", ()))
+    offloads = tuple(str(e) for e in policy.get("offload", ()))
     _saved_ops(saves, region)
+    _saved_ops(offloads, region)
+    both = set(saves) & set(offloads)
+    if both:
+        raise CkptplanError(
+            f"policy of {region} both saves and offloads {sorted(both)[0]}; name it once"
+        )
+    return saves, offloads
+
+
+def _policy_saves(policy: dict[str, Any] | None, region: str) -> tuple[str, ...] | None:
+    """The ops a policy keeps, for code that cannot offload (the rewriter)."""
+    ops = _policy_ops(policy, region)
+    if ops is None:
+        return None
+    saves, offloads = ops
+    if offloads:
+        raise CkptplanError(
+            f"policy of {region} offloads ops, which `ckptplan rewrite` does not do; apply the "
+            "plan with ckptplan.apply(model, plan) instead"
+        )
     return saves
 
 

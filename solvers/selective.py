@@ -1,17 +1,20 @@
-"""Selective checkpointing of one block: which op outputs to keep so recompute is cheapest.
+"""Selective checkpointing of one block: which op outputs to keep, offload or recompute.
 
 Under a selective policy, a checkpointed block keeps its input plus the outputs of the ops
-marked *save*; during backward every other op of the block's forward runs again. So keeping an
-op buys back its time at the price of its output bytes, independently of the other ops: the
-best choices for every memory size form the Pareto frontier of a 0/1 knapsack, which a
-dynamic programme over the ops finds exactly. Ops that must share one decision (the random
-ops of a block, whose outputs are kept or regenerated together) come as one item.
+marked *save*; an op marked *offload* has its output copied to host memory in forward and
+back in backward; every other op of the block's forward runs again. An output not kept costs
+the cheaper of its recompute and its round trip to host, and no device memory between
+forward and backward. So keeping an op buys back that cost at the price of its output bytes,
+independently of the other ops: the best choices for every memory size form the Pareto
+frontier of a 0/1 knapsack, which a dynamic programme over the ops finds exactly. Ops that must
+share one decision (the random ops of a block, whose outputs are kept or regenerated
+together) come as one item.
 
 Example:
     >>> items = [SaveItem(("mm#0",), 40, 5.0), SaveItem(("gelu#0",), 40, 0.5),
-    ...          SaveItem(("mm#1",), 10, 5.0)]
-    >>> [(s.kept_bytes, s.recompute_time) for s in frontier(items)]
-    [(0, 10.5), (10, 5.5), (50, 0.5), (90, 0.0)]
+    ...          SaveItem(("mm#1",), 10, 5.0, offload_time=2.0)]
+    >>> [(s.kept_bytes, s.recompute_time, s.offloaded) for s in frontier(items)]
+    [(0, 7.5, ('mm#1',)), (10, 5.5, ()), (40, 2.5, ('mm#1',)), (50, 0.5, ()), (90, 0.0, ())]
 """
 
 from __future__ import annotations
@@ -25,20 +28,36 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class SaveItem:
-    """One decision: keep these ops' outputs (``output_bytes``) or recompute them (``time``)."""
+    """One decision: keep these ops' outputs (``output_bytes``), recompute them (``time``) or,
+    where ``offload_time`` is given, move them to host memory and back."""
 
     ops: tuple[str, ...]
     output_bytes: int
     time: float
+    offload_time: float | None = None
+
+    @property
+    def drop_cost(self) -> float:
+        """What not keeping the outputs costs: the cheaper of recompute and offload."""
+        if self.offload_time is None:
+            return self.time
+        return min(self.time, self.offload_time)
+
+    @property
+    def offloads(self) -> bool:
+        return self.offload_time is not None and self.offload_time < self.time
 
 
 @dataclass(frozen=True)
 class Selection:
-    """A point of the frontier: the ops kept, the bytes they keep, the time left to recompute."""
+    """A point of the frontier: the ops kept, the ops offloaded, the bytes kept on the device,
+    and the time spent recomputing and moving what is not kept."""
 
     saved: tuple[str, ...]
     kept_bytes: int
     recompute_time: float
+    offloaded: tuple[str, ...] = ()
+    offloaded_bytes: int = 0
 
 
 def frontier(items: Sequence[SaveItem], max_points: int | None = None) -> list[Selection]:
@@ -47,27 +66,34 @@ def frontier(items: Sequence[SaveItem], max_points: int | None = None) -> list[S
     ``max_points`` thins the frontier evenly over memory (the end points are always kept), so a
     chain solver gets a short menu per block.
     """
-    total = sum(item.time for item in items)
+    total = sum(item.drop_cost for item in items)
     points: dict[int, tuple[float, tuple[int, ...]]] = {0: (0.0, ())}
     for index, item in enumerate(items):
-        if item.time <= 0:
+        if item.drop_cost <= 0:
             continue
         grown = dict(points)
         for kept, (gained, chosen) in points.items():
-            candidate = (kept + item.output_bytes, gained + item.time)
+            candidate = (kept + item.output_bytes, gained + item.drop_cost)
             best = grown.get(candidate[0])
             if best is None or best[0] < candidate[1]:
                 grown[candidate[0]] = (candidate[1], (*chosen, index))
         points = _pareto(grown)
     selections = [
-        Selection(
-            saved=tuple(op for i in chosen for op in items[i].ops),
-            kept_bytes=kept,
-            recompute_time=max(0.0, total - gained),
-        )
+        _selection(items, set(chosen), kept, max(0.0, total - gained))
         for kept, (gained, chosen) in sorted(points.items())
     ]
     return thin(selections, max_points) if max_points else selections
+
+
+def _selection(items: Sequence[SaveItem], kept: set[int], size: int, cost: float) -> Selection:
+    moved = [item for i, item in enumerate(items) if i not in kept and item.offloads]
+    return Selection(
+        saved=tuple(op for i in sorted(kept) for op in items[i].ops),
+        kept_bytes=size,
+        recompute_time=cost,
+        offloaded=tuple(op for item in moved for op in item.ops),
+        offloaded_bytes=sum(item.output_bytes for item in moved),
+    )
 
 
 def _pareto(

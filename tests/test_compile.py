@@ -1,8 +1,8 @@
 """A plan under ``torch.compile``: no graph breaks from the wrapper, one checkpoint per region
 in the graph, and training with the eager unchecked model's gradients (``aot_eager``).
 
-The plan joins blocks, nests one and gives one a selective policy, so every path through
-``apply`` is traced. tiny_gpt has dropout on; the compiled run replays the same masks.
+The plan joins blocks, nests one and gives one a selective policy that also offloads, so every
+path through ``apply`` is traced. tiny_gpt has dropout on; the compiled run replays the same masks.
 """
 
 from __future__ import annotations
@@ -27,7 +27,10 @@ from tests.test_rewrite import original_name, plan_for
 
 REGIONS = [
     {"modules": ["layers.0", "layers.1"], "children": [{"modules": ["layers.0"]}]},
-    {"modules": ["layers.3"], "policy": {"save": ["aten.addmm.default#0"]}},
+    {
+        "modules": ["layers.3"],
+        "policy": {"save": ["aten.addmm.default#0"], "offload": ["aten.gelu.default#0"]},
+    },
     {"modules": ["layers.4", "layers.5"]},
 ]
 STEPS = 2

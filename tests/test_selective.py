@@ -149,3 +149,99 @@ def test_saved_ops_are_not_rerun_in_backward_and_the_others_are(tiny_gpt) -> Non
     assert recomputed > 0, "a checkpointed block re-runs its matmuls in backward"
     assert selective["aten.addmm.default"] == plain["aten.addmm.default"], "saved: not re-run"
     assert selective["aten.gelu.default"] == full["aten.gelu.default"] > plain["aten.gelu.default"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    raw=st.lists(
+        st.tuples(st.integers(1, 50), st.floats(0.01, 5.0), st.floats(0.01, 5.0)),
+        min_size=1,
+        max_size=7,
+    ),
+    limit=st.integers(0, 250),
+)
+def test_frontier_with_offload_is_the_exact_optimum(raw, limit) -> None:
+    """Each output kept, recomputed or offloaded: brute force over all 3^n choices."""
+    items = [SaveItem((f"op{i}#0",), size, t, offload_time=o) for i, (size, t, o) in enumerate(raw)]
+    best = min(
+        sum(
+            0.0 if c == "keep" else t if c == "recompute" else o
+            for c, (_, t, o) in zip(choice, raw, strict=True)
+        )
+        for choice in itertools.product(("keep", "recompute", "offload"), repeat=len(raw))
+        if sum(size for c, (size, _, _) in zip(choice, raw, strict=True) if c == "keep") <= limit
+    )
+    points = [p for p in frontier(items) if p.kept_bytes <= limit]
+    assert min(p.recompute_time for p in points) == pytest.approx(best, abs=1e-9)
+    for p in frontier(items):
+        assert not set(p.saved) & set(p.offloaded)
+        cost = sum(
+            0.0 if item.ops[0] in p.saved else o if item.ops[0] in p.offloaded else t
+            for item, (_, t, o) in zip(items, raw, strict=True)
+        )
+        assert p.recompute_time == pytest.approx(cost, abs=1e-9)
+        moved = sum(item.output_bytes for item in items if item.ops[0] in p.offloaded)
+        assert p.offloaded_bytes == moved
+
+
+def test_menus_offload_only_where_there_is_a_host(gpt_profile) -> None:
+    from dataclasses import replace
+
+    assert not any(s.offloaded for menu in selective_menus(gpt_profile) for s in menu)
+    on_gpu = replace(gpt_profile, settings=replace(gpt_profile.settings, device="l4"))
+    # Measured CPU op times against an L4's host link: large cheap-to-move outputs go to host.
+    assert any(s.offloaded for menu in selective_menus(on_gpu) for s in menu)
+
+
+def test_offloaded_ops_are_not_rerun_and_gradients_match(tiny_gpt) -> None:
+    model_file = load_model_file(tiny_gpt)
+    plan = ckptplan.solve(tiny_gpt, budget="1.0", solver="none", batch_size=2, fake_run=False)
+    data = {
+        **plan.to_json(),
+        "regions": [
+            {
+                "modules": ["layers.1"],
+                "policy": {"save": ["aten.gelu.default#0"], "offload": ["aten.addmm.default"]},
+            }
+        ],
+    }
+    offloading = Plan.from_json(data)
+    plain = backward_ops(model_file, model_file.build().train())
+    moved = backward_ops(model_file, ckptplan.apply(model_file.build().train(), offloading))
+    assert moved["aten.addmm.default"] == plain["aten.addmm.default"], "offloaded: not re-run"
+    assert moved["aten.gelu.default"] == plain["aten.gelu.default"], "saved: not re-run"
+    assert moved["aten.native_layer_norm.default"] > plain["aten.native_layer_norm.default"]
+    result = ckptplan.verify(tiny_gpt, offloading, repeats=1)
+    assert result.max_grad_abs_diff <= 1e-6
+
+
+def test_a_fake_run_counts_offloaded_outputs_off_the_device(tiny_gpt) -> None:
+    """The fake run models a device with a host link: offloaded outputs leave device memory."""
+    from ckptplan.measure import fake_run_peak
+
+    model_file = load_model_file(tiny_gpt)
+    plan = ckptplan.solve(tiny_gpt, budget="1.0", solver="none", batch_size=2, fake_run=False)
+    blocks = [f"layers.{i}" for i in range(4)]
+
+    def peak(key: str) -> int:
+        regions = [{"modules": [b], "policy": {key: ["aten.addmm.default"]}} for b in blocks]
+        return fake_run_peak(model_file, Plan.from_json({**plan.to_json(), "regions": regions}))
+
+    assert peak("offload") < peak("save")
+
+
+def test_a_policy_cannot_both_save_and_offload_an_op(tiny_gpt) -> None:
+    plan = ckptplan.solve(tiny_gpt, budget="1.0", solver="none", batch_size=2, fake_run=False)
+    op = "aten.addmm.default#0"
+    region = {"modules": ["layers.1"], "policy": {"save": [op], "offload": [op]}}
+    bad = Plan.from_json({**plan.to_json(), "regions": [region]})
+    with pytest.raises(ckptplan.CkptplanError, match="both saves and offloads"):
+        ckptplan.apply(load_model_file(tiny_gpt).build(), bad)
+
+
+def test_the_rewriter_refuses_offload_with_a_pointer_to_apply(tiny_gpt) -> None:
+    plan = ckptplan.solve(tiny_gpt, budget="1.0", solver="none", batch_size=2, fake_run=False)
+    region = {"modules": ["layers.1"], "policy": {"offload": ["aten.addmm.default#0"]}}
+    offloading = Plan.from_json({**plan.to_json(), "regions": [region]})
+    with pytest.raises(ckptplan.CkptplanError, match="ckptplan.apply"):
+        ckptplan.rewrite(load_model_file(tiny_gpt).build(), offloading)

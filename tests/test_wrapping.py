@@ -254,7 +254,7 @@ def test_a_selective_policy_keeps_the_gradients(tiny_gpt, plan) -> None:
 @pytest.mark.parametrize(
     ("policy", "message"),
     [
-        ({"offload": ["aten.mm.default"]}, "apply supports save"),
+        ({"discard": ["aten.mm.default"]}, "apply supports save, offload"),
         ({"save": ["aten.no_such_op.default"]}, "which is no torch op"),
         ({"save": ["mm"]}, "namespace.op.overload"),
         ({"save": ["aten.mm.default#x"]}, "write op#k"),
