@@ -133,7 +133,7 @@ def solve(
             return plan
         confirmed = fake_run_peak(workload, plan)
         plan.predicted["fake_run_peak_bytes"] = confirmed
-        if confirmed <= budget_bytes or solver != "dp":
+        if confirmed <= budget_bytes or solver not in ("dp", "auto"):
             return plan
         target -= confirmed - budget_bytes
     return plan

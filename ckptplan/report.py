@@ -45,9 +45,15 @@ def show_plan(plan: Plan, console: Console) -> None:
         f"{p['peak_event']} · recompute {_overhead(p)} of step time (estimated)"
     )
     if "fake_run_peak_bytes" in p:
+        over = p["fake_run_peak_bytes"] > budget["bytes"]
         console.print(
             f"fake-run check (the checkpointed step executed on fake tensors): peak "
             f"[bold]{format_bytes(p['fake_run_peak_bytes'])}[/]"
+            + (
+                " [bold red]exceeds the budget[/]: lower --budget or try another --solver"
+                if over
+                else ""
+            )
         )
     console.print(f"checkpointed regions ({len(plan.regions)}): {_regions_text(plan)}")
     if p.get("offloaded_bytes"):
