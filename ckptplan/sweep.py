@@ -1,7 +1,8 @@
 """The memory/step-time frontier of every strategy on one model.
 
 Fixed policies (none, full, every-k, sqrt) give one point each; ``dp`` and ``auto`` give their
-whole Pareto frontier from one pass of the chain DP, thinned to a few points. With
+whole Pareto frontier from one pass of the chain DP, thinned to a few points, and ``auto`` also
+gives its plan at each fixed policy's peak, so every fixed point has a rival of no larger peak. With
 ``verify=True`` every point is also run for real (measured peak and step-time ratio).
 """
 
@@ -17,6 +18,7 @@ from ckptplan.measure import measure_compile_budget, verify_plan
 from ckptplan.problem import selective_menus, to_chain
 from ckptplan.profiler import Settings, profile_model
 from ckptplan.solvers import baselines, dp
+from ckptplan.solvers.chain import Schedule
 from ckptplan.solvers.selective import thin
 
 
@@ -56,10 +58,17 @@ def sweep(
     profile = profile_model(workload, settings)
     menus = selective_menus(profile)
     chain = to_chain(profile, menus=menus)
-    schedules = [baselines.none(chain), baselines.full(chain), baselines.sqrt(chain)]
-    schedules += [baselines.every_k(chain, k) for k in every]
-    schedules += thin(dp.frontier(chain), points)
-    schedules += thin(dp.frontier(chain, selective=True, name="auto"), points)
+    fixed = [baselines.none(chain), baselines.full(chain), baselines.sqrt(chain)]
+    fixed += [baselines.every_k(chain, k) for k in every]
+    auto = dp.frontier(chain, selective=True, name="auto")
+    chosen = thin(auto, points)
+    # Beside every fixed policy, auto at that policy's own peak: the head-to-head comparison.
+    for policy in fixed:
+        rival = _fastest_within(auto, policy.peak)
+        if rival is not None and rival not in chosen:
+            chosen.append(rival)
+    schedules = [*fixed, *thin(dp.frontier(chain), points)]
+    schedules += sorted(chosen, key=lambda s: s.recompute_time)
     out = []
     for schedule in schedules:
         plan = plan_from_schedule(profile, chain, schedule, "sweep", schedule.peak, menus=menus)
@@ -95,6 +104,12 @@ def sweep(
                 )
             )
     return out
+
+
+def _fastest_within(frontier: Sequence[Schedule], peak: int) -> Schedule | None:
+    """The frontier's plan of least recompute whose peak is at most ``peak``."""
+    fitting = [s for s in frontier if s.peak <= peak]
+    return min(fitting, key=lambda s: (s.recompute_time, s.peak)) if fitting else None
 
 
 def _family(strategy: str) -> str:
