@@ -4,6 +4,11 @@ The flop counter of ``torch.utils.flop_counter`` knows matmuls and convolutions;
 (``_scaled_dot_product_flash_attention_for_cpu``) is added here. Pointwise and normalisation ops
 count 0 FLOPs, so the bytes they move carry their time in the roofline estimate. With
 ``measure=True`` each op is also timed on the device it runs on (real tensors only).
+
+Each record also names the records whose outputs it reads (``inputs``), so the step can be
+rebuilt as an op graph (``ckptplan.opgraph``). Tensors are matched by storage, so a view reads
+its base's producer; after an in-place op, readers of that storage depend on the in-place op
+(the latest writer). Only record indices are kept, never tensors or storages.
 """
 
 from __future__ import annotations
@@ -38,6 +43,14 @@ class OpRecord:
     inplace: bool
     mutated_later: bool = False
     """An in-place op later overwrites this op's output (so it cannot be cached for reuse)."""
+    inputs: tuple[int, ...] = ()
+    """Indices (in the step's records) of the ops whose outputs this op reads: per tensor
+    argument, the latest op that wrote its storage. Parameters, inputs and other tensors made
+    outside the recording have no producer and are left out."""
+    allocated_bytes: int = 0
+    """Bytes of the storages this op brought into being (none for in-place ops and aliases)."""
+    overwritten_bytes: int = 0
+    """Bytes of recorded ops' storages this op overwrote in place (a new version of them)."""
 
 
 def _sdpa_cpu_flops(args: tuple[Any, ...], backward: bool) -> float:
@@ -91,6 +104,8 @@ class OpRecorder(TorchDispatchMode):
         self.phase = "start"
         self.records: list[OpRecord] = []
         self._producer: dict[int, OpRecord] = {}
+        self._writer: dict[int, int] = {}
+        """Storage key -> index of the latest record that wrote it (made it or in place)."""
 
     def _module_path(self) -> str:
         names = [p for p in self.modules.parents if p != "Global"]
@@ -106,13 +121,23 @@ class OpRecorder(TorchDispatchMode):
         elapsed = time.perf_counter() - started
         if func.namespace == "prim" or func.is_view:
             return out
-        self._note_mutations(func, args, kwargs)
+        written = self._written_storages(func, args, kwargs)
+        self._note_mutations(written)
+        read = self._storages(args, kwargs)
+        inputs = tuple(dict.fromkeys(self._writer[k] for k in read if k in self._writer))
         flops = op_flops(func, args, kwargs, out)
         moved = _tensor_bytes(args) + _tensor_bytes(out)
         half = any(
             isinstance(t, torch.Tensor) and t.dtype in (torch.bfloat16, torch.float16)
             for t in pytree.tree_leaves(out)
         )
+        fresh: dict[int, torch.UntypedStorage] = {}
+        for leaf in pytree.tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                storage = leaf.untyped_storage()
+                key = storage._cdata
+                if key not in read and key not in self._writer:
+                    fresh[key] = storage
         self.records.append(
             OpRecord(
                 op=str(func),
@@ -125,8 +150,14 @@ class OpRecorder(TorchDispatchMode):
                 time=elapsed if self.measure else self.device.op_time(flops, moved, half),
                 random=_is_random(func, args, kwargs),
                 inplace=func._schema.is_mutable,
+                inputs=inputs,
+                allocated_bytes=sum(s.nbytes() for s in fresh.values()),
+                overwritten_bytes=sum(
+                    nbytes for key, nbytes in written.items() if key in self._writer
+                ),
             )
         )
+        index = len(self.records) - 1
         for leaf in pytree.tree_leaves(out):
             if isinstance(leaf, torch.Tensor):
                 storage = leaf.untyped_storage()
@@ -134,20 +165,45 @@ class OpRecorder(TorchDispatchMode):
                 if key not in self._producer:
                     self._producer[key] = self.records[-1]
                     weakref.finalize(storage, self._producer.pop, key, None)
+        for key, storage in fresh.items():
+            self._writer[key] = index
+            weakref.finalize(storage, self._writer.pop, key, None)
+        for key in written:
+            if key in self._writer:
+                self._writer[key] = index
         return out
 
-    def _note_mutations(self, func: Any, args: Any, kwargs: dict[str, Any]) -> None:
+    @staticmethod
+    def _storages(args: Any, kwargs: dict[str, Any]) -> dict[int, None]:
+        """Keys of the storages behind the tensor arguments, in argument order."""
+        keys: dict[int, None] = {}
+        for leaf in pytree.tree_leaves((args, kwargs)):
+            if isinstance(leaf, torch.Tensor):
+                keys[leaf.untyped_storage()._cdata] = None
+        return keys
+
+    @staticmethod
+    def _written_storages(func: Any, args: Any, kwargs: dict[str, Any]) -> dict[int, int]:
+        """Key -> bytes of the storages an in-place op writes (its mutable arguments)."""
         if not func._schema.is_mutable:
-            return
-        written = {a.name for a in func._schema.arguments if a.alias_info and a.alias_info.is_write}
+            return {}
+        names = [a.name for a in func._schema.arguments if a.alias_info and a.alias_info.is_write]
         values = dict(zip((a.name for a in func._schema.arguments), args, strict=False))
         values.update(kwargs)
-        for name in written:
+        out: dict[int, int] = {}
+        for name in names:
             for leaf in pytree.tree_leaves(values.get(name)):
                 if isinstance(leaf, torch.Tensor):
-                    producer = self._producer.get(leaf.untyped_storage()._cdata)
-                    if producer is not None:
-                        producer.mutated_later = True
+                    storage = leaf.untyped_storage()
+                    out[storage._cdata] = storage.nbytes()
+        return out
+
+    def _note_mutations(self, written: dict[int, int]) -> None:
+        """Flag the ops whose outputs an in-place op is overwriting now."""
+        for key in written:
+            producer = self._producer.get(key)
+            if producer is not None:
+                producer.mutated_later = True
 
     def note_saved(self, nbytes: int) -> None:
         """Autograd saved a tensor for the op just recorded (pack hooks run right after it)."""
