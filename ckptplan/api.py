@@ -20,7 +20,7 @@ from ckptplan.errors import CkptplanError
 from ckptplan.loading import Inputs, LiveModel, Workload, load_model_file
 from ckptplan.measure import Verification, fake_run_peak, verify_plan
 from ckptplan.plan import Plan, Region, as_plan
-from ckptplan.problem import selective_menus, to_chain
+from ckptplan.problem import region_policy, selective_menus, to_chain
 from ckptplan.profiler import Profile, Settings, profile_model
 from ckptplan.simulate import predict
 from ckptplan.solvers import BASELINES, SOLVERS, run_solver
@@ -162,9 +162,8 @@ def plan_from_schedule(
     """The plan file for a solver's schedule of ``prof``'s chain (``menus`` name the ops kept
     by the schedule's selective options).
     """
-    chosen = [(block, menus[block][option]) for block, option in schedule.options] if menus else []
-    policies = {block: _policy(selection) for block, selection in chosen}
-    offloaded = sum(selection.offloaded_bytes for _, selection in chosen)
+    chosen = {block: menus[block][option] for block, option in schedule.options} if menus else {}
+    offloaded = sum(selection.offloaded_bytes for selection in chosen.values())
     return Plan(
         model=prof.model_name,
         fingerprint=prof.fingerprint,
@@ -174,20 +173,15 @@ def plan_from_schedule(
         settings={**asdict(prof.settings), "scope": scope},
         blocks=tuple(b.path for b in prof.blocks),
         regions=tuple(
-            Region(tuple(b.path for b in prof.blocks[start:end]), policy=policies.get(start))
+            Region(
+                tuple(b.path for b in prof.blocks[start:end]),
+                policy=region_policy(prof, start, end, chosen),
+            )
             for start, end in schedule.segments
         ),
         predicted=predict(prof, chain, schedule, scope, offloaded).to_json(),
         baselines={},
     )
-
-
-def _policy(selection: Selection) -> dict[str, list[str]]:
-    """A region's policy: the ops it keeps and, if any, the ops it sends to host memory."""
-    policy = {"save": list(selection.saved)}
-    if selection.offloaded:
-        policy["offload"] = list(selection.offloaded)
-    return policy
 
 
 def verify(

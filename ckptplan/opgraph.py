@@ -35,7 +35,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 
 from ckptplan.plan import Plan
-from ckptplan.problem import selective_menus
+from ckptplan.problem import region_policy, selective_menus
 from ckptplan.profiler import Profile
 from ckptplan.solvers.chain import Chain, Schedule, validate_segments
 from ckptplan.solvers.remat import RematNode, RematProblem, solve
@@ -184,15 +184,15 @@ def _plan_regions(
 ) -> list[tuple[int, int, tuple[str, ...]]]:
     """(start block, end block, names of the ops kept) of every checkpointed region."""
     if isinstance(plan, Schedule):
-        chosen = dict(plan.options)
-        if chosen and menus is None:
+        if plan.options and menus is None:
             menus = selective_menus(profile)
+        chosen = {block: menus[block][option] for block, option in plan.options} if menus else {}
         regions = []
         for start, end in plan.segments:
-            selection = menus[start][chosen[start]] if start in chosen and menus else None
-            if selection is not None and getattr(selection, "offloaded", ()):
+            policy = region_policy(profile, start, end, chosen) or {}
+            if policy.get("offload"):
                 raise ValueError("the op graph does not model offload to host memory")
-            regions.append((start, end, selection.saved if selection else ()))
+            regions.append((start, end, tuple(policy.get("save", ()))))
         return regions
     paths = [b.path for b in profile.blocks]
     if list(plan.blocks) != paths:

@@ -12,7 +12,7 @@ exact knapsack over its forward ops. Repeated blocks (same ops, same sizes) are 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from ckptplan.costs import OpRecord
@@ -34,6 +34,7 @@ def to_chain(
     if scope not in SCOPES:
         raise CkptplanError(f"unknown scope {scope!r}; choose one of {', '.join(SCOPES)}")
     blocks = []
+    forward = block_forward_ops(profile) if menus is not None else []
     for i, b in enumerate(profile.blocks):
         block = _chain_block(b)
         if scope == "activations":
@@ -47,9 +48,13 @@ def to_chain(
                 bwd_peak=b.bwd_peak - base - grads,
             )
         if menus is not None:
+            output = _output_op(b, forward[i])
             block = replace(
                 block,
-                options=tuple(BlockOption(s.kept_bytes, s.recompute_time) for s in menus[i]),
+                options=tuple(
+                    BlockOption(s.kept_bytes, s.recompute_time, keeps_output=output in s.saved)
+                    for s in menus[i]
+                ),
             )
         blocks.append(block)
     if scope == "step":
@@ -125,20 +130,58 @@ def save_items(
     ]
 
 
-def selective_menus(profile: Profile, points: int = MENU_POINTS) -> list[list[Selection]]:
-    """Per block, the selective options worth offering (keeping and offloading nothing is plain
-    checkpoint). Offload is priced by the host link of the profile's ``--device``."""
-    device = get_device(profile.settings.device)
+def _output_op(block: BlockProfile, ops: list[OpRecord]) -> str | None:
+    """The ``op#k`` name of the op that makes the block's output, if it is the last op."""
+    if not ops or ops[-1].output_bytes != block.output_bytes:
+        return None
+    last = ops[-1].op
+    return f"{last}#{sum(op.op == last for op in ops) - 1}"
+
+
+def block_forward_ops(profile: Profile) -> list[list[OpRecord]]:
+    """Each block's forward ops, in the order a selective policy sees them."""
     forward: dict[str, list[OpRecord]] = {}
     for op in profile.ops:
         if op.phase.startswith("fwd:") and not op.backward:
             forward.setdefault(op.phase, []).append(op)
+    return [forward.get(f"fwd:{i}", []) for i in range(len(profile.blocks))]
+
+
+def region_policy(
+    profile: Profile, start: int, end: int, selections: Mapping[int, Selection]
+) -> dict[str, list[str]] | None:
+    """The policy of a region of blocks ``[start, end)`` whose blocks run ``selections``.
+
+    A menu names ops ``op#k`` by their call count within one block; a policy counts within its
+    region, so the calls of the same overload in the region's earlier blocks are added to ``k``.
+    Blocks without a selection recompute everything; None when no block has one.
+    """
+    ops = block_forward_ops(profile)
+    before: Counter[str] = Counter()
+    policy: dict[str, list[str]] = {"save": [], "offload": []}
+    for k in range(start, end):
+        if k in selections:
+            for key, names in (("save", selections[k].saved), ("offload", selections[k].offloaded)):
+                for name in names:
+                    op, _, index = name.partition("#")
+                    policy[key].append(f"{op}#{int(index) + before[op]}")
+        before.update(op.op for op in ops[k])
+    if not any(policy.values()):
+        return None
+    return {key: names for key, names in policy.items() if names or key == "save"}
+
+
+def selective_menus(profile: Profile, points: int = MENU_POINTS) -> list[list[Selection]]:
+    """Per block, the selective options worth offering (keeping and offloading nothing is plain
+    checkpoint). Offload is priced by the host link of the profile's ``--device``."""
+    device = get_device(profile.settings.device)
     cache: dict[tuple[object, ...], list[Selection]] = {}
     menus = []
-    for i, block in enumerate(profile.blocks):
-        ops = forward.get(f"fwd:{i}", [])
-        # The block's output stays alive as the next block's input: keeping it is free.
-        free = {len(ops) - 1} if ops and ops[-1].output_bytes == block.output_bytes else set()
+    for block, ops in zip(profile.blocks, block_forward_ops(profile), strict=True):
+        output = _output_op(block, ops)
+        # The block's output stays alive as the next block's input: keeping it is free (when
+        # the block ends its segment; the chain charges it to earlier members of a segment).
+        free = set() if output is None else {len(ops) - 1}
         signature = (block.class_name, *((o.op, o.output_bytes, round(o.time, 12)) for o in ops))
         if signature not in cache:
             menu = frontier(save_items(ops, free, device.offload_time), points)

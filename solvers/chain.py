@@ -31,12 +31,15 @@ Segment = tuple[int, int]
 
 @dataclass(frozen=True)
 class BlockOption:
-    """A selective policy for a block checkpointed on its own: keep some op outputs."""
+    """A selective policy for a checkpointed block: keep some op outputs, recompute the rest."""
 
     kept_bytes: int
     """Bytes of the op outputs kept through forward (beyond the block's input)."""
     recompute_time: float
     """Time of the ops that still run again in backward."""
+    keeps_output: bool = False
+    """It keeps the block's output, free when the block ends its segment (the output lives
+    on as the next block's input) but not inside one, where it would have been dropped."""
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,7 @@ class Schedule:
     peak_event: str
     optimal: bool = False
     options: tuple[tuple[int, int], ...] = ()
-    """(block, option index) for each single-block segment that runs a selective policy."""
+    """(block, option index) for each checkpointed block that runs a selective policy."""
 
 
 class InfeasibleBudget(ValueError):
@@ -117,24 +120,31 @@ def block_saving(block: ChainBlock, starts_segment: bool) -> int:
 
 
 def run_terms(
-    chain: Chain, start: int, end: int, checkpointed: bool, option: BlockOption | None = None
+    chain: Chain,
+    start: int,
+    end: int,
+    checkpointed: bool,
+    options: Sequence[BlockOption | None] = (),
 ) -> RunTerms:
-    """The events of blocks ``[start, end)``: unchecked (one block), one segment, or one block
-    under a selective ``option``.
+    """The events of blocks ``[start, end)``: unchecked (one block), or one segment whose
+    blocks may run selective ``options`` (one per block, None for plain recompute).
     """
     blocks = chain.blocks[start:end]
     if not checkpointed:
-        assert end == start + 1, "an unchecked run is one block"
+        assert end == start + 1 and not any(options), "an unchecked run is one plain block"
         b = blocks[0]
         return RunTerms(
             events=((b.fwd_peak, f"forward of {b.name}"), (b.bwd_peak, f"backward of {b.name}")),
             saving=0,
             recompute_time=0.0,
         )
-    assert option is None or end == start + 1, "a selective policy applies to one block"
-    kept = option.kept_bytes if option else 0
-    savings = [block_saving(b, i == 0) for i, b in enumerate(blocks)]
-    savings[0] -= kept
+    chosen = list(options) or [None] * len(blocks)
+    assert len(chosen) == len(blocks), "one option (or None) per block of the segment"
+    kept = [o.kept_bytes if o else 0 for o in chosen]
+    for i, option in enumerate(chosen[:-1]):
+        if option and option.keeps_output:
+            kept[i] += blocks[i + 1].input_bytes
+    savings = [block_saving(b, i == 0) - kept[i] for i, b in enumerate(blocks)]
     total = sum(savings)
     last = blocks[-1]
     first = blocks[0]
@@ -143,15 +153,17 @@ def run_terms(
     saved_before = 0
     restored = 0
     for i, b in enumerate(blocks):
-        forward = b.fwd_start - saved_before + b.fwd_peak_nograd + kept
+        forward = b.fwd_start - saved_before + b.fwd_peak_nograd + kept[i]
         events.append((forward, f"forward of {b.name}"))
         recompute_live = last.bwd_start - total + restored
-        transient = b.fwd_peak - b.fwd_start - (kept if i == 0 else 0)
+        transient = b.fwd_peak - b.fwd_start - kept[i]
         events.append((recompute_live + transient, f"recompute of {b.name}"))
         events.append((b.bwd_peak + extra_input, f"backward of {b.name}"))
         saved_before += savings[i]
-        restored += b.saved_bytes - kept if i == 0 else savings[i]
-    recompute = option.recompute_time if option else sum(b.fwd_time for b in blocks)
+        restored += b.saved_bytes - kept[i] if i == 0 else savings[i]
+    recompute = sum(
+        o.recompute_time if o else b.fwd_time for o, b in zip(chosen, blocks, strict=True)
+    )
     return RunTerms(tuple(events), total, recompute)
 
 
@@ -188,7 +200,7 @@ def simulate(
     options: Sequence[tuple[int, int]] = (),
 ) -> Schedule:
     """Predicted peak and recompute time of a training step that checkpoints ``segments``,
-    the single-block segments named in ``options`` under their selective policies.
+    the blocks named in ``options`` (all inside segments) under their selective policies.
     """
     chosen = dict(options)
     saved = 0
@@ -197,8 +209,12 @@ def simulate(
         ((float(v), e) for v, e in chain.fixed_peaks), default=(0.0, "start")
     )
     for start, end, checkpointed in runs(chain, segments):
-        option = chain.blocks[start].options[chosen[start]] if start in chosen else None
-        terms = run_terms(chain, start, end, checkpointed, option)
+        picks = [
+            chain.blocks[k].options[chosen[k]] if k in chosen else None for k in range(start, end)
+        ]
+        if not checkpointed and any(picks):
+            raise ValueError(f"block {chain.blocks[start].name} has an option but no segment")
+        terms = run_terms(chain, start, end, checkpointed, picks if checkpointed else ())
         value, event = terms.local_peak()
         peak = max(peak, (value - saved, event))
         saved += terms.saving

@@ -28,6 +28,7 @@ class _Point:
     q: float
     cost: float
     run: tuple[int, int, bool, int | None] | None
+    """(start, end, checkpointed, the option every block of the run takes, or None)."""
     rest: _Point | None
 
     def plan(self) -> tuple[list[Segment], list[tuple[int, int]]]:
@@ -39,7 +40,7 @@ class _Point:
             if checkpointed:
                 segments.append((start, end))
             if option is not None:
-                options.append((start, option))
+                options.extend((k, option) for k in range(start, end))
             point = point.rest
         return segments, options
 
@@ -58,8 +59,10 @@ def frontier(
 ) -> list[Schedule]:
     """Every Pareto-optimal flat plan of the chain, from the fastest to the smallest.
 
-    With ``selective``, a block checkpointed on its own may also take any of its selective
-    options (keep some op outputs, recompute the rest).
+    With ``selective``, the blocks of a segment may also take selective options (keep some op
+    outputs, recompute the rest): any option of a block checkpointed on its own, or the same
+    option index in every block of a longer segment (repeated layers share one menu, so that
+    is one policy for all of them, the shape of the op-level optimum on uniform chains).
     """
     n = len(chain.blocks)
     tail = max((v for v, _ in chain.tail_peaks), default=0)
@@ -69,16 +72,17 @@ def frontier(
     for s in range(n - 1, -1, -1):
         candidates: list[_Point] = []
         runs: list[tuple[int, int, bool, int | None]] = [(s, s + 1, False, None)]
-        if selective:
-            runs.extend((s, s + 1, True, i) for i in range(len(chain.blocks[s].options)))
+        shared = len(chain.blocks[s].options) if selective else 0
         for e in range(s + 1, min(n, s + longest) + 1):
             if e > s + 1 and not chain.blocks[e - 1].joins_previous:
                 break
+            shared = min(shared, len(chain.blocks[e - 1].options))
             runs.append((s, e, True, None))
+            runs.extend((s, e, True, i) for i in range(shared))
         for run in runs:
             start, end, checkpointed, option = run
-            chosen = None if option is None else chain.blocks[start].options[option]
-            terms = run_terms(chain, start, end, checkpointed, chosen)
+            picks = [None if option is None else b.options[option] for b in chain.blocks[start:end]]
+            terms = run_terms(chain, start, end, checkpointed, picks if checkpointed else ())
             local = terms.local_peak()[0]
             for rest in suffix[end]:
                 q = max(rest.q - terms.saving, local)

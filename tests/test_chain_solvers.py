@@ -153,3 +153,79 @@ def test_run_solver_rejects_an_infeasible_baseline() -> None:
     with pytest.raises(InfeasibleBudget) as info:
         run_solver("none", chain, full(chain).peak - 1)
     assert info.value.least_peak == none(chain).peak
+
+
+def with_options(chain: Chain, rng: random.Random, count: int = 2) -> Chain:
+    """Every block gets the same ``count`` selective options (repeated layers share a menu)."""
+    from dataclasses import replace
+
+    from ckptplan.solvers.chain import BlockOption
+
+    shares = sorted(rng.uniform(0.1, 0.9) for _ in range(count))
+    blocks = tuple(
+        replace(
+            b,
+            options=tuple(
+                BlockOption(
+                    int(b.saved_bytes * share),
+                    b.fwd_time * (1 - share) ** 2,
+                    keeps_output=i == 1,
+                )
+                for i, share in enumerate(shares)
+            ),
+        )
+        for b in chain.blocks
+    )
+    return Chain(blocks, chain.tail_peaks, chain.fixed_peaks)
+
+
+def selective_plans(chain: Chain):
+    """Every flat plan with, per segment, no option or one option index for all its blocks."""
+    count = len(chain.blocks[0].options)
+    for segments in all_segmentations_fast(chain):
+        for picks in itertools.product([None, *range(count)], repeat=len(segments)):
+            options = [
+                (k, pick)
+                for (start, end), pick in zip(segments, picks, strict=True)
+                if pick is not None
+                for k in range(start, end)
+            ]
+            yield simulate(chain, segments, options=options)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10**6), n=st.integers(1, 6), fraction=st.floats(0.3, 1.0))
+def test_selective_dp_equals_brute_force(seed: int, n: int, fraction: float) -> None:
+    rng = random.Random(seed)
+    chain = with_options(random_chain(rng, n), rng)
+    budget = int(none(chain).peak * fraction)
+    fitting = [p.recompute_time for p in selective_plans(chain) if p.peak <= budget]
+    if not fitting:
+        with pytest.raises(InfeasibleBudget):
+            solve(chain, budget, selective=True)
+        return
+    plan = solve(chain, budget, selective=True)
+    assert plan.peak <= budget
+    assert plan.recompute_time == pytest.approx(min(fitting))
+    assert simulate(chain, plan.segments, options=plan.options).peak == plan.peak
+
+
+def test_a_kept_output_costs_memory_inside_a_segment_only() -> None:
+    from ckptplan.solvers.chain import BlockOption
+
+    rng = random.Random(5)
+    plain = random_chain(rng, 3)
+    keeps = BlockOption(0, 0.0, keeps_output=True)
+    blocks = tuple(
+        ChainBlock(**{**b.__dict__, "joins_previous": True, "options": (keeps,)})
+        for b in plain.blocks
+    )
+    chain = Chain(blocks, plain.tail_peaks, plain.fixed_peaks)
+    alone = simulate(chain, [(0, 1)], options=[(0, 0)])
+    assert alone.peak == simulate(chain, [(0, 1)]).peak
+    joined = simulate(chain, [(0, 2)], options=[(0, 0), (1, 0)])
+    from ckptplan.solvers.chain import run_terms
+
+    with_kept = run_terms(chain, 0, 2, True, [keeps, keeps]).saving
+    assert with_kept == run_terms(chain, 0, 2, True).saving - blocks[1].input_bytes
+    assert joined.recompute_time == 0.0
