@@ -37,6 +37,7 @@ class OpRecord:
     backward: bool
     output_bytes: int
     saved_bytes: int
+    """Bytes autograd saved between this op and the next (see ``OpRecorder.note_saved``)."""
     flops: float
     time: float
     random: bool
@@ -206,8 +207,14 @@ class OpRecorder(TorchDispatchMode):
                 producer.mutated_later = True
 
     def note_saved(self, nbytes: int) -> None:
-        """Autograd saved a tensor for the op just recorded (pack hooks run right after it)."""
-        if self.records:
+        """Autograd saved a tensor after the op just recorded and before the next one.
+
+        Autograd saves an op's inputs before running it and its outputs after, so these are
+        the next op's inputs or this op's outputs: the time order recomputation follows (it
+        stops at the last save of a region). Saves in a new phase (the next block's first
+        inputs) are not this op's.
+        """
+        if self.records and self.records[-1].phase == self.phase:
             self.records[-1].saved_bytes += nbytes
 
     def totals(self) -> tuple[dict[str, float], dict[str, float]]:

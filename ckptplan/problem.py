@@ -34,7 +34,7 @@ def to_chain(
     if scope not in SCOPES:
         raise CkptplanError(f"unknown scope {scope!r}; choose one of {', '.join(SCOPES)}")
     blocks = []
-    forward = block_forward_ops(profile) if menus is not None else []
+    forward = block_forward_ops(profile)
     for i, b in enumerate(profile.blocks):
         block = _chain_block(b)
         if scope == "activations":
@@ -47,12 +47,26 @@ def to_chain(
                 bwd_start=b.bwd_start - base - (grads - b.parameter_bytes),
                 bwd_peak=b.bwd_peak - base - grads,
             )
+        unreplayed = _unreplayed(forward[i])
+        block = replace(block, tail_time=sum(op.time for op in unreplayed.values()))
         if menus is not None:
             output = _output_op(b, forward[i])
             block = replace(
                 block,
                 options=tuple(
-                    BlockOption(s.kept_bytes, s.recompute_time, keeps_output=output in s.saved)
+                    BlockOption(
+                        s.kept_bytes,
+                        s.recompute_time,
+                        keeps_output=output in s.saved,
+                        held_bytes=sum(
+                            unreplayed[n].output_bytes for n in s.saved if n in unreplayed
+                        ),
+                        tail_time=sum(
+                            op.time
+                            for n, op in unreplayed.items()
+                            if n not in s.saved and n not in s.offloaded
+                        ),
+                    )
                     for s in menus[i]
                 ),
             )
@@ -85,6 +99,7 @@ def _chain_block(b: BlockProfile) -> ChainBlock:
         bwd_start=b.bwd_start,
         bwd_peak=b.bwd_peak,
         joins_previous=b.joins_previous,
+        output_bytes=b.output_bytes,
     )
 
 
@@ -130,12 +145,48 @@ def save_items(
     ]
 
 
+def _unreplayed(ops: list[OpRecord]) -> dict[str, OpRecord]:
+    """The ops (``op#k``) after the block's last op that saves a tensor for backward.
+
+    Recomputation stops once every saved tensor is back, so when the block ends its segment
+    these never run again, and a cached output of theirs is never taken back."""
+    names: list[str] = []
+    calls: Counter[str] = Counter()
+    for op in ops:
+        names.append(f"{op.op}#{calls[op.op]}")
+        calls[op.op] += 1
+    last = max((i for i, op in enumerate(ops) if op.saved_bytes > 0), default=-1)
+    return dict(zip(names[last + 1 :], ops[last + 1 :], strict=True))
+
+
 def _output_op(block: BlockProfile, ops: list[OpRecord]) -> str | None:
     """The ``op#k`` name of the op that makes the block's output, if it is the last op."""
     if not ops or ops[-1].output_bytes != block.output_bytes:
         return None
     last = ops[-1].op
     return f"{last}#{sum(op.op == last for op in ops) - 1}"
+
+
+def _menu(
+    block: BlockProfile,
+    ops: list[OpRecord],
+    points: int,
+    offload_time: Callable[[int], float | None] | None,
+) -> list[Selection]:
+    """One block's options: the frontier where keeping its output is free (it lives on as the
+    next block's input when the block ends its segment) and the frontier where it is not
+    (inside a segment), each thinned to ``points``; sizes always count the output."""
+    name = _output_op(block, ops)
+    options: dict[tuple[tuple[str, ...], tuple[str, ...]], Selection] = {}
+    for free in (True, False) if name else (False,):
+        items = save_items(ops, {len(ops) - 1} if free else None, offload_time)
+        for selection in frontier(items, points):
+            if not (selection.saved or selection.offloaded):
+                continue
+            if free and name in selection.saved:
+                selection = replace(selection, kept_bytes=selection.kept_bytes + block.output_bytes)
+            options.setdefault((selection.saved, selection.offloaded), selection)
+    return sorted(options.values(), key=lambda s: (s.kept_bytes, s.recompute_time))
 
 
 def block_forward_ops(profile: Profile) -> list[list[OpRecord]]:
@@ -178,13 +229,8 @@ def selective_menus(profile: Profile, points: int = MENU_POINTS) -> list[list[Se
     cache: dict[tuple[object, ...], list[Selection]] = {}
     menus = []
     for block, ops in zip(profile.blocks, block_forward_ops(profile), strict=True):
-        output = _output_op(block, ops)
-        # The block's output stays alive as the next block's input: keeping it is free (when
-        # the block ends its segment; the chain charges it to earlier members of a segment).
-        free = set() if output is None else {len(ops) - 1}
         signature = (block.class_name, *((o.op, o.output_bytes, round(o.time, 12)) for o in ops))
         if signature not in cache:
-            menu = frontier(save_items(ops, free, device.offload_time), points)
-            cache[signature] = [s for s in menu if s.saved or s.offloaded]
+            cache[signature] = _menu(block, ops, points, device.offload_time)
         menus.append(cache[signature])
     return menus

@@ -38,8 +38,14 @@ class BlockOption:
     recompute_time: float
     """Time of the ops that still run again in backward."""
     keeps_output: bool = False
-    """It keeps the block's output, free when the block ends its segment (the output lives
-    on as the next block's input) but not inside one, where it would have been dropped."""
+    """It keeps the block's output (counted in ``kept_bytes``), which costs nothing through
+    forward when the block ends its segment (the output lives on as the next block's input)."""
+    held_bytes: int = 0
+    """Kept outputs of the ops after the block's last saving op: when the block ends its
+    segment, recomputation stops before them, so their cached copies stay through backward."""
+    tail_time: float = 0.0
+    """Time of the ops after the last saving op that the option would recompute: skipped
+    when the block ends its segment."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,10 @@ class ChainBlock:
     bwd_peak: int
     joins_previous: bool = True
     """Whether the block may share a segment with the block before it."""
+    output_bytes: int = 0
+    tail_time: float = 0.0
+    """Time of the forward ops after the last op that saves a tensor for backward: a
+    recomputation that ends with this block stops before them."""
     options: tuple[BlockOption, ...] = ()
     """Selective policies the block may take instead of recomputing everything."""
 
@@ -140,13 +150,16 @@ def run_terms(
         )
     chosen = list(options) or [None] * len(blocks)
     assert len(chosen) == len(blocks), "one option (or None) per block of the segment"
+    last = blocks[-1]
     kept = [o.kept_bytes if o else 0 for o in chosen]
-    for i, option in enumerate(chosen[:-1]):
-        if option and option.keeps_output:
-            kept[i] += blocks[i + 1].input_bytes
+    # A kept output of the segment costs nothing until the segment's backward, where its cached
+    # copy stays alive (recomputation stops before the op that would take it back).
+    final = chosen[-1]
+    if final and final.keeps_output:
+        kept[-1] -= last.output_bytes
+    held = final.held_bytes if final else 0
     savings = [block_saving(b, i == 0) - kept[i] for i, b in enumerate(blocks)]
     total = sum(savings)
-    last = blocks[-1]
     first = blocks[0]
     extra_input = 0 if first.input_kept else first.input_bytes
     events: list[tuple[float, str]] = []
@@ -157,13 +170,14 @@ def run_terms(
         events.append((forward, f"forward of {b.name}"))
         recompute_live = last.bwd_start - total + restored
         transient = b.fwd_peak - b.fwd_start - kept[i]
-        events.append((recompute_live + transient, f"recompute of {b.name}"))
-        events.append((b.bwd_peak + extra_input, f"backward of {b.name}"))
+        events.append((recompute_live + transient + held, f"recompute of {b.name}"))
+        events.append((b.bwd_peak + extra_input + held, f"backward of {b.name}"))
         saved_before += savings[i]
         restored += b.saved_bytes - kept[i] if i == 0 else savings[i]
     recompute = sum(
         o.recompute_time if o else b.fwd_time for o, b in zip(chosen, blocks, strict=True)
     )
+    recompute -= final.tail_time if final else last.tail_time
     return RunTerms(tuple(events), total, recompute)
 
 

@@ -211,21 +211,23 @@ def test_selective_dp_equals_brute_force(seed: int, n: int, fraction: float) -> 
 
 
 def test_a_kept_output_costs_memory_inside_a_segment_only() -> None:
-    from ckptplan.solvers.chain import BlockOption
+    from ckptplan.solvers.chain import BlockOption, run_terms
 
-    rng = random.Random(5)
-    plain = random_chain(rng, 3)
-    keeps = BlockOption(0, 0.0, keeps_output=True)
+    plain = random_chain(random.Random(5), 3)
+    sizes = [b.input_bytes for b in plain.blocks[1:]] + [7]
     blocks = tuple(
-        ChainBlock(**{**b.__dict__, "joins_previous": True, "options": (keeps,)})
-        for b in plain.blocks
+        ChainBlock(
+            **{
+                **b.__dict__,
+                "joins_previous": True,
+                "output_bytes": size,
+                "options": (BlockOption(size, 0.0, keeps_output=True),),
+            }
+        )
+        for b, size in zip(plain.blocks, sizes, strict=True)
     )
     chain = Chain(blocks, plain.tail_peaks, plain.fixed_peaks)
     alone = simulate(chain, [(0, 1)], options=[(0, 0)])
-    assert alone.peak == simulate(chain, [(0, 1)]).peak
-    joined = simulate(chain, [(0, 2)], options=[(0, 0), (1, 0)])
-    from ckptplan.solvers.chain import run_terms
-
-    with_kept = run_terms(chain, 0, 2, True, [keeps, keeps]).saving
-    assert with_kept == run_terms(chain, 0, 2, True).saving - blocks[1].input_bytes
-    assert joined.recompute_time == 0.0
+    assert alone.peak == simulate(chain, [(0, 1)]).peak, "the segment's output lives on anyway"
+    kept = run_terms(chain, 0, 2, True, [blocks[0].options[0], blocks[1].options[0]]).saving
+    assert kept == run_terms(chain, 0, 2, True).saving - blocks[0].output_bytes

@@ -84,11 +84,18 @@ def test_block_menus_keep_matmuls_first(gpt_profile) -> None:
     assert len(menus) == len(gpt_profile.blocks) and menus[0]
     assert all(m == menus[1] for m in menus[1:])  # repeated blocks: one menu
     assert all("#" in op for option in menus[0] for op in option.saved)
-    smallest_paid = next(option for option in menus[0] if option.kept_bytes > 0)
-    assert any("addmm" in op for op in smallest_paid.saved)
+    output = next(o.op for o in reversed(gpt_profile.ops) if o.phase == "fwd:0")
+    paid = [option for option in menus[0] if any(not op.startswith(output) for op in option.saved)]
+    assert any("addmm" in op for op in paid[0].saved), "the cheapest op to keep is a matmul"
     kept = [s.kept_bytes for s in menus[0]]
-    times = [s.recompute_time for s in menus[0]]
-    assert kept == sorted(kept) and times == sorted(times, reverse=True)
+    assert kept == sorted(kept)
+    for family in (True, False):  # output kept (free at a segment's end) or not: two frontiers
+        times = [
+            s.recompute_time
+            for s in menus[0]
+            if any(op.startswith(output) for op in s.saved) == family
+        ]
+        assert times == sorted(times, reverse=True)
 
 
 def test_auto_never_loses_to_dp(gpt_profile) -> None:
@@ -267,3 +274,23 @@ def test_a_segment_of_blocks_under_one_policy_is_predicted_and_exact() -> None:
     assert schedule.recompute_time < simulate(chain, [(1, 3)]).recompute_time
     assert fake_run_peak(load_model_file(model), plan) == pytest.approx(schedule.peak, rel=1e-3)
     assert ckptplan.verify(model, plan, repeats=1).max_grad_abs_diff <= 1e-6
+
+
+def test_kept_outputs_past_the_last_save_stay_through_backward(gpt_profile) -> None:
+    """Recomputation stops at a block's last saved tensor, so a cached output of an op after
+    it (the residual add that makes the block's output) is never taken back: the chain counts
+    it through the block's backward, and the fake run agrees."""
+    from ckptplan.api import plan_from_schedule
+    from ckptplan.measure import fake_run_peak
+    from ckptplan.solvers.chain import simulate
+
+    menus = selective_menus(gpt_profile)
+    chain = to_chain(gpt_profile, menus=menus)
+    segments = [(k, k + 1) for k in range(len(chain.blocks))]
+    workload = load_model_file(ROOT / "sample_models" / "gpt.py")
+    held = [i for i, o in enumerate(chain.blocks[0].options) if o.held_bytes][:2]
+    assert held, "the residual add comes after the block's last save"
+    for index in held:
+        schedule = simulate(chain, segments, options=[(k, index) for k in range(len(segments))])
+        plan = plan_from_schedule(gpt_profile, chain, schedule, "t", schedule.peak, menus=menus)
+        assert fake_run_peak(workload, plan) == pytest.approx(schedule.peak, rel=1e-3)
