@@ -173,18 +173,32 @@ def _menu(
     points: int,
     offload_time: Callable[[int], float | None] | None,
 ) -> list[Selection]:
-    """One block's options: the frontier where keeping its output is free (it lives on as the
-    next block's input when the block ends its segment) and the frontier where it is not
-    (inside a segment), each thinned to ``points``; sizes always count the output."""
+    """One block's options, each thinned to ``points``, sizes always counting every op kept.
+
+    Two frontiers: for a block that ends its segment, recomputation never reaches the ops past
+    its last save (nothing to keep there) and keeping its output is free (it lives on as the
+    next block's input); for a block inside a segment, every op may be kept at its size.
+    Recompute times always include every op not kept, as the chain takes the skipped tail off
+    where the block ends its segment.
+    """
     name = _output_op(block, ops)
+    unreplayed = _unreplayed(ops)
+    skipped = sum(op.time for op in unreplayed.values())
+    free = {len(ops) - 1} if name is not None and name not in unreplayed else None
+    ending = [
+        item
+        for item in save_items(ops, free, offload_time)
+        if not all(n in unreplayed for n in item.ops)
+    ]
     options: dict[tuple[tuple[str, ...], tuple[str, ...]], Selection] = {}
-    for free in (True, False) if name else (False,):
-        items = save_items(ops, {len(ops) - 1} if free else None, offload_time)
+    for ends, items in ((True, ending), (False, save_items(ops, None, offload_time))):
         for selection in frontier(items, points):
             if not (selection.saved or selection.offloaded):
                 continue
-            if free and name in selection.saved:
-                selection = replace(selection, kept_bytes=selection.kept_bytes + block.output_bytes)
+            if ends:
+                size = selection.kept_bytes + (block.output_bytes if name in selection.saved else 0)
+                time = selection.recompute_time + skipped
+                selection = replace(selection, kept_bytes=size, recompute_time=time)
             options.setdefault((selection.saved, selection.offloaded), selection)
     return sorted(options.values(), key=lambda s: (s.kept_bytes, s.recompute_time))
 

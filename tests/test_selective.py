@@ -288,9 +288,15 @@ def test_kept_outputs_past_the_last_save_stay_through_backward(gpt_profile) -> N
     chain = to_chain(gpt_profile, menus=menus)
     segments = [(k, k + 1) for k in range(len(chain.blocks))]
     workload = load_model_file(ROOT / "sample_models" / "gpt.py")
-    held = [i for i, o in enumerate(chain.blocks[0].options) if o.held_bytes][:2]
+    held = [i for i, o in enumerate(chain.blocks[0].options) if o.held_bytes][:3]
     assert held, "the residual add comes after the block's last save"
+    backward_peaks = 0
     for index in held:
         schedule = simulate(chain, segments, options=[(k, index) for k in range(len(segments))])
         plan = plan_from_schedule(gpt_profile, chain, schedule, "t", schedule.peak, menus=menus)
-        assert fake_run_peak(workload, plan) == pytest.approx(schedule.peak, rel=1e-3)
+        fake = fake_run_peak(workload, plan)
+        assert fake <= schedule.peak * 1.001
+        if not schedule.peak_event.startswith("forward"):
+            backward_peaks += 1
+            assert fake == pytest.approx(schedule.peak, rel=1e-3)
+    assert backward_peaks
