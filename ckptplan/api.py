@@ -19,6 +19,7 @@ from ckptplan.distributed import per_rank
 from ckptplan.errors import CkptplanError
 from ckptplan.loading import Inputs, LiveModel, Workload, load_model_file
 from ckptplan.measure import Verification, fake_run_peak, verify_plan
+from ckptplan.opgraph import GapReport, optimality_gap
 from ckptplan.plan import Plan, Region, as_plan
 from ckptplan.problem import region_policy, selective_menus, to_chain
 from ckptplan.profiler import Profile, Settings, profile_model
@@ -137,6 +138,41 @@ def solve(
             return plan
         target -= confirmed - budget_bytes
     return plan
+
+
+def optimality_gap_of_auto(
+    model: ModelArg,
+    example_inputs: Inputs | None = None,
+    *,
+    budget: str | int,
+    time_limit_s: float = 60.0,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    batch_size: int | None = None,
+    optimizer: str = "adamw",
+    dtype: str = "fp32",
+    autocast: str | None = None,
+    device: str = "cpu",
+    blocks: str | None = None,
+    measure: bool = False,
+) -> GapReport:
+    """Auto's plan for an activations ``budget`` against the exact op-graph optimum (the
+    ``ilp`` solver) at the same peak: see ``ckptplan.opgraph``."""
+    workload = _workload(model, example_inputs, loss_fn)
+    settings = Settings(batch_size, optimizer, dtype, device, blocks, autocast, measure)
+    prof = profile_model(workload, settings)
+    menus = selective_menus(prof)
+    chain = to_chain(prof, "activations", menus)
+    unchecked = run_solver("none", chain, None)
+    budget_bytes = parse_budget(str(budget)).resolve(unchecked.peak)
+    try:
+        schedule = run_solver("auto", chain, budget_bytes)
+    except InfeasibleBudget as exc:
+        raise CkptplanError(
+            f"activations budget {format_bytes(budget_bytes)} is below the least feasible "
+            f"{format_bytes(exc.least_peak)} of {prof.model_name}; use --budget "
+            f"{format_budget_at_least(exc.least_peak)} or more"
+        ) from None
+    return optimality_gap(prof, chain, schedule, time_limit_s, menus=menus)
 
 
 def _per_rank(prof: Profile, world_size: int, parallel: str | None) -> Profile:

@@ -250,3 +250,38 @@ def show_sweep(points: Any, console: Console) -> None:
             "" if p.max_grad_abs_diff is None else f"{p.max_grad_abs_diff:.0e}",
         )
     console.print(table)
+
+
+def show_gap(report: Any, console: Console) -> None:
+    """Auto's plan against the op-graph optimum, in seconds of recompute."""
+    unit = report.time_unit
+    console.print(
+        f"[bold]{report.model}[/]: {report.n_ops} ops ({report.n_nodes} nodes, "
+        f"{report.n_edges} edges); one step computes for {report.total_cost * unit:.4g} s"
+    )
+    table = Table(title=f"at the op-graph peak of auto's plan, {format_bytes(report.budget)}")
+    for column in ("solver", "recompute (s)", "step (s)", "status"):
+        table.add_column(column, justify="left" if column in ("solver", "status") else "right")
+    table.add_row(
+        "auto", f"{report.auto_recompute * unit:.4g}", f"{report.auto_cost * unit:.4g}", ""
+    )
+    if report.ilp_cost is None:
+        table.add_row("ilp", "-", "-", f"{report.ilp_status}: {report.ilp_reason}")
+    else:
+        table.add_row(
+            "ilp",
+            f"{(report.ilp_recompute or 0) * unit:.4g}",
+            f"{report.ilp_cost * unit:.4g}",
+            f"{report.ilp_status} ({report.ilp_seconds:.1f} s): {report.ilp_reason}",
+        )
+    console.print(table)
+    if report.gap is not None:
+        proof = "proven optimum" if report.proven else "best ILP schedule found"
+        console.print(
+            f"auto's step is {100 * report.gap:.2f}% longer than the {proof}"
+            + (
+                f"; {100 * report.bound_gap:.2f}% above the ILP's lower bound"
+                if report.bound_gap is not None
+                else ""
+            )
+        )

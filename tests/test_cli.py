@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from ckptplan.cli import cli
+from tests.conftest import ROOT
 
 
 @pytest.fixture
@@ -166,3 +167,21 @@ def test_sweep_json_frontiers_are_monotone(run, tiny_gpt) -> None:
     for fixed in (p for p in points if p["strategy"] in ("sqrt", "full", "every-2", "every-3")):
         fits = [a for a in auto if a["predicted_peak_bytes"] <= fixed["predicted_peak_bytes"]]
         assert fits and min(a["predicted_overhead"] for a in fits) <= fixed["predicted_overhead"]
+
+
+def test_gap_command_puts_auto_beside_the_exact_optimum(run) -> None:
+    result = run(
+        "gap",
+        ROOT / "sample_models" / "mlp.py",
+        "--budget",
+        "0.7",
+        "--time-limit",
+        "20",
+        "--json",
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output[result.output.index("{") :])
+    assert report["ilp_cost"] <= report["auto_cost"], "the optimum is never worse than auto"
+    assert report["ilp_peak"] <= report["budget"] == report["auto_peak"]
+    bad = run("gap", ROOT / "sample_models" / "mlp.py", "--budget", "1KiB")
+    assert bad.exit_code == 2 and "least feasible" in bad.output
