@@ -6,7 +6,9 @@ budget, every plan run for real: measured peak and step-time ratio. Checks that 
 policy is both faster and smaller than auto (dominance), and measures auto against full at
 the full-checkpoint peak + 2% (the tightest budget where choosing matters).
 
-    python benchmarks/pareto.py [--models gpt mlp] [--points 6] [--repeats 5]
+    python benchmarks/pareto.py [--models gpt mlp] [--points 6] [--repeats 5] [--threads 1]
+
+``--threads 1`` steadies step times on a CPU that other jobs share.
 
 Writes benchmarks/results/pareto.json and benchmarks/results/pareto_<model>.png.
 """
@@ -17,6 +19,7 @@ import argparse
 import json
 from pathlib import Path
 
+import torch
 from rich.console import Console
 
 import ckptplan
@@ -72,9 +75,16 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--points", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     console = Console(width=140)
-    results = {}
+    out = RESULTS / "pareto.json"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    # Models measured in earlier runs stay; each model is written as soon as it is done.
+    results = json.loads(out.read_text()) if out.exists() else {}
+    results["settings"] = {"points": args.points, "repeats": args.repeats, "threads": args.threads}
     for name in args.models:
         path = ROOT / "sample_models" / f"{name}.py"
         workload = load_model_file(path)
@@ -97,9 +107,8 @@ def main() -> None:
             "full_peak_plus_2pct": tight,
         }
         save_plot(points, str(RESULTS / f"pareto_{name}.png"), f"{name}.py (measured on CPU)")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "pareto.json").write_text(json.dumps(results, indent=2))
-    console.print(f"results written to {(RESULTS / 'pareto.json').relative_to(ROOT)}")
+        out.write_text(json.dumps(results, indent=2))
+    console.print(f"results written to {out.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":
