@@ -84,7 +84,6 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     # Models measured in earlier runs stay; each model is written as soon as it is done.
     results = json.loads(out.read_text()) if out.exists() else {}
-    results["settings"] = {"points": args.points, "repeats": args.repeats, "threads": args.threads}
     for name in args.models:
         path = ROOT / "sample_models" / f"{name}.py"
         workload = load_model_file(path)
@@ -105,6 +104,7 @@ def main() -> None:
             "points": [p.to_json() for p in points],
             "auto_beaten_by": losses,
             "full_peak_plus_2pct": tight,
+            "settings": {"points": args.points, "repeats": args.repeats, "threads": args.threads},
         }
         save_plot(points, str(RESULTS / f"pareto_{name}.png"), f"{name}.py (measured on CPU)")
         out.write_text(json.dumps(results, indent=2))
