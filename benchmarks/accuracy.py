@@ -3,9 +3,13 @@
 For every sample model and the plans none, full, sqrt and dp at three budgets: the chain
 model's predicted peak, the fake-run peak (the checkpointed step executed on fake tensors) and
 the measured peak of a real step on this machine; and the predicted recompute overhead (op
-times measured with ``--measure``) against the measured step-time ratio minus one.
+times measured with ``--measure``) against the measured step-time ratio minus one (the median
+of back-to-back pairs; ``measured_overhead_range`` is the least and greatest pair, the noise).
 
-    python benchmarks/accuracy.py [--models gpt mlp] [--repeats 5]
+    python benchmarks/accuracy.py [--models gpt mlp] [--repeats 5] [--threads 1]
+
+On a CPU shared with other jobs, ``--threads 1`` keeps a busy core from stalling every
+parallel op of the step (with 2 threads a step took 0.6 s or 4.4 s minutes apart).
 
 Writes benchmarks/results/accuracy.json and prints a table.
 """
@@ -16,6 +20,7 @@ import argparse
 import json
 from pathlib import Path
 
+import torch
 from rich.console import Console
 from rich.table import Table
 
@@ -47,6 +52,7 @@ def cases(model: Path, repeats: int) -> list[dict]:
         fake = fake_run_peak(workload, plan)
         result = ckptplan.verify(model, plan, repeats=repeats)
         measured = result.measured_peak_bytes
+        low, high = result.step_time_ratio_range
         rows.append(
             {
                 "model": model.name,
@@ -59,6 +65,7 @@ def cases(model: Path, repeats: int) -> list[dict]:
                 "fake_run_error": (fake - measured) / measured,
                 "predicted_overhead": plan.predicted["overhead"],
                 "measured_overhead": result.step_time_ratio - 1,
+                "measured_overhead_range": [low - 1, high - 1],
                 "max_grad_abs_diff": result.max_grad_abs_diff,
             }
         )
@@ -69,7 +76,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     rows = [
         row
         for name in args.models
@@ -86,6 +96,7 @@ def main() -> None:
         "fake err",
         "overhead pred",
         "overhead meas",
+        "meas range",
         "grad diff",
     ):
         table.add_column(column, justify="right")
@@ -100,6 +111,7 @@ def main() -> None:
             f"{100 * r['fake_run_error']:+.2f}%",
             f"{100 * r['predicted_overhead']:.1f}%",
             f"{100 * r['measured_overhead']:.1f}%",
+            "{:.0f}..{:.0f}%".format(*(100 * x for x in r["measured_overhead_range"])),
             f"{r['max_grad_abs_diff']:.0e}",
         )
     console = Console(width=160)
@@ -108,11 +120,17 @@ def main() -> None:
     worst_fake = max(abs(r["fake_run_error"]) for r in rows)
     console.print(
         f"worst peak error {100 * worst_peak:.2f}%, worst fake-run error {100 * worst_fake:.2f}%"
+        f" ({torch.get_num_threads()} CPU threads)"
     )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(
         json.dumps(
-            {"cases": rows, "worst_peak_error": worst_peak, "worst_fake_run_error": worst_fake},
+            {
+                "cases": rows,
+                "worst_peak_error": worst_peak,
+                "worst_fake_run_error": worst_fake,
+                "threads": torch.get_num_threads(),
+            },
             indent=2,
         )
     )

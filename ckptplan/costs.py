@@ -25,6 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.module_tracker import ModuleTracker
 
 from ckptplan.devices import Device
+from ckptplan.memtrack import real_storage_bytes
 
 
 @dataclass
@@ -133,12 +134,14 @@ class OpRecorder(TorchDispatchMode):
             for t in pytree.tree_leaves(out)
         )
         fresh: dict[int, torch.UntypedStorage] = {}
+        fresh_bytes: dict[int, int] = {}
         for leaf in pytree.tree_leaves(out):
             if isinstance(leaf, torch.Tensor):
                 storage = leaf.untyped_storage()
                 key = storage._cdata
                 if key not in read and key not in self._writer:
                     fresh[key] = storage
+                    fresh_bytes[key] = real_storage_bytes(func, args, leaf)
         self.records.append(
             OpRecord(
                 op=str(func),
@@ -152,7 +155,7 @@ class OpRecorder(TorchDispatchMode):
                 random=_is_random(func, args, kwargs),
                 inplace=func._schema.is_mutable,
                 inputs=inputs,
-                allocated_bytes=sum(s.nbytes() for s in fresh.values()),
+                allocated_bytes=sum(fresh_bytes.values()),
                 overwritten_bytes=sum(
                     nbytes for key, nbytes in written.items() if key in self._writer
                 ),

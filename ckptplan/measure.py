@@ -2,7 +2,9 @@
 
 Memory is the peak of one steady-state step (forward, backward, optimizer step, the optimizer
 state already created): ``torch.cuda.max_memory_allocated`` on CUDA, a live-storage tracker on
-CPU plus the bytes that persist across steps. Time is the median of interleaved repeats.
+CPU plus the bytes that persist across steps. Time is taken in pairs, the candidate's step and
+the baseline's back to back (in alternating order); the step-time ratio is the median of the
+pairs' ratios, so a burst of load on a shared machine spoils one pair, not the comparison.
 Gradients are compared after the same seeded forward and backward, dropout included.
 """
 
@@ -47,6 +49,8 @@ class Verification:
     max_grad_abs_diff: float
     grad_tolerance: float
     regions: int
+    step_time_ratio_range: tuple[float, float] = (0.0, 0.0)
+    """Least and greatest step-time ratio of the timed pairs: how noisy the timing was."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -138,6 +142,26 @@ class _Comparison:
     step_time_s: float
     baseline_step_time_s: float
     max_grad_abs_diff: float
+    step_time_ratio: float
+    """Median over the timed pairs of candidate / baseline step time."""
+    step_time_ratio_range: tuple[float, float]
+
+
+def _paired_times(
+    model_file: Workload, runs: dict[str, _Run], target: torch.device, repeats: int
+) -> dict[str, list[float]]:
+    """Step times of ``runs`` in ``repeats`` back-to-back rounds, the order alternating."""
+    names = list(runs)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(repeats):
+        for name in names if i % 2 == 0 else reversed(names):
+            times[name].append(_timed(model_file, runs[name], target))
+    return times
+
+
+def _pair_ratios(times: dict[str, list[float]]) -> list[float]:
+    """Candidate / baseline step time of each back-to-back pair."""
+    return [c / b for c, b in zip(times["candidate"], times["baseline"], strict=True)]
 
 
 def _compare(
@@ -164,16 +188,16 @@ def _compare(
         for name, model in (("baseline", baseline_model), ("candidate", candidate))
     }
     peaks = {name: _peak(model_file, run, target) for name, run in runs.items()}
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(repeats):
-        for name, run in runs.items():
-            times[name].append(_timed(model_file, run, target))
+    times = _paired_times(model_file, runs, target, repeats)
+    ratios = _pair_ratios(times)
     return _Comparison(
         measured_peak_bytes=peaks["candidate"],
         baseline_peak_bytes=peaks["baseline"],
         step_time_s=statistics.median(times["candidate"]),
         baseline_step_time_s=statistics.median(times["baseline"]),
         max_grad_abs_diff=max_diff,
+        step_time_ratio=statistics.median(ratios),
+        step_time_ratio_range=(min(ratios), max(ratios)),
     )
 
 
@@ -208,12 +232,13 @@ def verify_plan(
         predicted_peak_bytes=int(plan.predicted["peak_bytes"]),
         measured_peak_bytes=result.measured_peak_bytes,
         baseline_peak_bytes=result.baseline_peak_bytes,
-        step_time_ratio=result.step_time_s / result.baseline_step_time_s,
+        step_time_ratio=result.step_time_ratio,
         step_time_s=result.step_time_s,
         baseline_step_time_s=result.baseline_step_time_s,
         max_grad_abs_diff=result.max_grad_abs_diff,
         grad_tolerance=1e-6 if dtype == torch.float32 else 1e-2,
         regions=len(plan.regions),
+        step_time_ratio_range=result.step_time_ratio_range,
     )
 
 

@@ -5,10 +5,14 @@ uncounted by a weakref finaliser when it dies, so views and in-place results are
 Under ``FakeTensorMode`` the same accounting gives the real run's peak without allocating.
 Storages that exist before tracking starts (parameters, optimizer state, inputs) are the
 caller's to count; ``exclude`` keeps in-place updates of them from looking like new memory.
+
+Where a CPU kernel's output holds more storage than its shape needs, a fake tensor cannot show
+it; ``real_storage_bytes`` adds what such kernels are measured to hold (see ``_UNREDUCED_LOSSES``).
 """
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -17,6 +21,33 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
+
+_UNREDUCED_LOSSES = frozenset(
+    {
+        torch.ops.aten.mse_loss.default,
+        torch.ops.aten.smooth_l1_loss.default,
+        torch.ops.aten.binary_cross_entropy.default,
+        torch.ops.aten.soft_margin_loss.default,
+    }
+)
+"""Losses whose CPU kernel, with reduction ``mean`` or ``sum``, returns the 0-dim loss in the
+storage of the unreduced one (the size of the broadcast input), measured on torch 2.13: the
+scalar loss of a step holds that storage until it dies. Their fake outputs hold one element.
+``tests/test_accuracy_memtrack.py`` checks this list against the real kernels."""
+
+
+def real_storage_bytes(func: Any, args: Any, tensor: torch.Tensor) -> int:
+    """Bytes behind ``tensor``, output of ``func(*args)``, as the real kernel allocates them.
+
+    The same as the storage's size, except for an output of ``_UNREDUCED_LOSSES`` on the CPU,
+    which is counted at the size of the unreduced loss whether the tensor is real or fake.
+    """
+    size = tensor.untyped_storage().nbytes()
+    if func in _UNREDUCED_LOSSES and tensor.dim() == 0 and tensor.device.type == "cpu":
+        shapes = [a.shape for a in args if isinstance(a, torch.Tensor)]
+        elements = math.prod(torch.broadcast_shapes(*shapes)) if shapes else 1
+        size = max(size, elements * tensor.element_size())
+    return size
 
 
 def storage_key(tensor: torch.Tensor) -> int:
@@ -53,6 +84,8 @@ class LiveStorageTracker(TorchDispatchMode):
         """Storage key -> index of the phase that created it (to attribute saved tensors)."""
         self._sizes: dict[int, int] = {}
         self._known = {storage_key(t) for t in exclude}
+        self._op: tuple[Any, Any] | None = None
+        """The op whose outputs are being tracked, and its arguments."""
 
     def mark(self, label: str) -> None:
         """Start a new phase now."""
@@ -63,9 +96,13 @@ class LiveStorageTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        for leaf in pytree.tree_leaves(out):
-            if isinstance(leaf, torch.Tensor):
-                self._track(leaf)
+        self._op = (func, args)
+        try:
+            for leaf in pytree.tree_leaves(out):
+                if isinstance(leaf, torch.Tensor):
+                    self._track(leaf)
+        finally:
+            self._op = None
         return out
 
     def _track(self, tensor: torch.Tensor) -> None:
@@ -73,7 +110,7 @@ class LiveStorageTracker(TorchDispatchMode):
         key = storage._cdata
         if key in self._sizes or key in self._known:
             return
-        size = storage.nbytes()
+        size = real_storage_bytes(*self._op, tensor) if self._op else storage.nbytes()
         self._sizes[key] = size
         self.allocated_in[key] = len(self.phases) - 1
         self.live += size

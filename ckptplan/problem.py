@@ -100,6 +100,7 @@ def _chain_block(b: BlockProfile) -> ChainBlock:
         bwd_peak=b.bwd_peak,
         joins_previous=b.joins_previous,
         output_bytes=b.output_bytes,
+        own_output_bytes=b.own_output_bytes,
     )
 
 

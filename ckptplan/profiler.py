@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+import statistics
+import weakref
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.autograd.graph import register_multi_grad_hook
 from torch.utils import _pytree as pytree
 from torch.utils.module_tracker import ModuleTracker
 
@@ -41,6 +44,9 @@ from ckptplan.training import (
     parse_dtype,
     persistent_tensors,
 )
+
+MEASURED_STEPS = 3
+"""Real steps timed op by op with ``--measure`` (each op's median is kept)."""
 
 _EVENTS = {
     "fwd:pre": "forward before the blocks",
@@ -91,6 +97,10 @@ class BlockProfile:
     """Its forward draws random numbers (dropout): recompute must replay the RNG state."""
     stateful: bool = False
     """It updates buffers in training (BatchNorm running stats): recompute updates them twice."""
+    own_output_bytes: int = 0
+    """Bytes of the output that only the block's own backward keeps (a final ReLU saves its
+    result): alive at ``bwd_start`` of the unchecked step, but dropped by a checkpointed block,
+    whose recomputation makes it again."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +131,34 @@ class Profile:
     @property
     def gradient_bytes(self) -> int:
         return self.parameter_bytes
+
+
+class _ModuleTracker(ModuleTracker):
+    """``ModuleTracker`` that never holds a gradient, so the step it watches keeps what an
+    unwatched step keeps.
+
+    torch's tracker marks a module's backward done when the gradients of *all* its inputs
+    exist, buffering the first ones until the last arrives: the U-Net decoder's input gradient
+    waited for its skip's, 7.5 MiB more live through the encoder's backward than a plain step.
+    Here the first input gradient ends the module's backward (``mode="any"``).
+    """
+
+    def _fw_pre_hook(self, mod: torch.nn.Module, input: Any) -> None:
+        name = self._get_mod_name(mod)
+        self._get_append_fn(name, False)()
+        self._watch(input, self._get_pop_fn(name, True))
+
+    def _fw_post_hook(self, mod: torch.nn.Module, input: Any, output: Any) -> None:
+        name = self._get_mod_name(mod)
+        self._get_pop_fn(name, False)()
+        self._watch(output, self._get_append_fn(name, True))
+
+    def _watch(self, tree: Any, fn: Any) -> None:
+        tensors = [
+            t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor) and t.requires_grad
+        ]
+        if tensors:
+            self._hooks.append(register_multi_grad_hook(tensors, fn, mode="any"))
 
 
 def find_blocks(model: torch.nn.Module, pattern: str | None = None) -> list[tuple[str, Any]]:
@@ -191,6 +229,10 @@ class _BlockCall:
     output_bytes: int = 0
     joins_previous: bool = False
     calls: int = 0
+    output: weakref.ref[torch.UntypedStorage] | None = None
+    """The output's storage, watched to see what keeps it alive in backward."""
+    output_alive_at_bwd: bool = False
+    output_died_in_bwd: bool = False
 
 
 class _StepRecorder:
@@ -215,7 +257,14 @@ class _StepRecorder:
 
     def mark(self, label: str) -> None:
         if self.tracker.phases:
-            self.grads_at[self.tracker.phases[-1].label + ":end"] = self._grad_bytes()
+            ending = self.tracker.phases[-1].label
+            self.grads_at[ending + ":end"] = self._grad_bytes()
+            if ending.startswith("bwd:") and ending[4:].isdigit():
+                call = self.calls[int(ending[4:])]
+                call.output_died_in_bwd = call.output is not None and call.output() is None
+        if label.startswith("bwd:") and label[4:].isdigit():
+            call = self.calls[int(label[4:])]
+            call.output_alive_at_bwd = call.output is not None and call.output() is not None
         self.tracker.mark(label)
         if self.costs is not None:
             self.costs.phase = label
@@ -271,6 +320,7 @@ class _StepRecorder:
             if out is not None:
                 call.output_key = storage_key(out)
                 call.output_bytes = out.untyped_storage().nbytes()
+                call.output = weakref.ref(out.untyped_storage())
                 if out.requires_grad:
                     out.register_hook(lambda grad: self.mark(f"bwd:{index}"))
             if index == len(self.blocks) - 1:
@@ -315,7 +365,7 @@ def _profile(model_file: Workload, settings: Settings) -> Profile:
         optimizer = make_optimizer(settings.optimizer, model)
         _plain_step(model_file, model, inputs, optimizer, settings.autocast)
         persistent = persistent_tensors(model, optimizer, inputs)
-        ops = OpRecorder(device, ModuleTracker())
+        ops = OpRecorder(device, _ModuleTracker())
         recorder = _instrumented_step(
             model_file, model, inputs, optimizer, blocks, ops, settings.autocast
         )
@@ -379,15 +429,50 @@ def _instrumented_step(
 def _measured_ops(
     model_file: Workload, settings: Settings, dtype: torch.dtype, device: Any
 ) -> OpRecorder:
-    """The same step run for real on this machine (outside the fake mode), every op timed."""
+    """The same step run for real on this machine (outside the fake mode), every op timed.
+
+    Each op's time is its median over ``MEASURED_STEPS`` steps: on a shared CPU one step can
+    land in a burst of contention (a 2-thread step took 0.6 s or 4.4 s on the same machine
+    minutes apart, the optimizer's share 1% or 20%), which skews the split between forward and
+    the rest that the predicted overhead is made of.
+    """
     torch.manual_seed(0)
     model, inputs = _prepared(model_file.build(), model_file.inputs(settings.batch_size), dtype)
     blocks = find_blocks(model, settings.blocks)
     optimizer = make_optimizer(settings.optimizer, model)
     _plain_step(model_file, model, inputs, optimizer, settings.autocast)
-    ops = OpRecorder(device, ModuleTracker(), measure=True)
-    _instrumented_step(model_file, model, inputs, optimizer, blocks, ops, settings.autocast)
-    return ops
+    steps: list[OpRecorder] = []
+    for _ in range(MEASURED_STEPS):
+        ops = OpRecorder(device, _ModuleTracker(), measure=True)
+        _instrumented_step(model_file, model, inputs, optimizer, blocks, ops, settings.autocast)
+        _drop_gradients(model, optimizer)
+        steps.append(ops)
+    return _median_times(steps)
+
+
+def _median_times(steps: list[OpRecorder]) -> OpRecorder:
+    """The last step's records, each op's time the median of its times in all ``steps``.
+
+    Steps whose ops differ (control flow that depends on the data) are not matched op by op;
+    then the step of median total time stands for them all.
+    """
+    last = steps[-1]
+    names = [r.op for r in last.records]
+    if any([r.op for r in s.records] != names for s in steps):
+        return sorted(steps, key=lambda s: sum(r.time for r in s.records))[len(steps) // 2]
+    last.records = [
+        replace(r, time=statistics.median(s.records[i].time for s in steps))
+        for i, r in enumerate(last.records)
+    ]
+    return last
+
+
+def _drop_gradients(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+    """Drop the gradients, as a training loop does between steps."""
+    if optimizer is not None:
+        optimizer.zero_grad(set_to_none=True)
+    else:
+        model.zero_grad(set_to_none=True)
 
 
 def _device_type(inputs: Any) -> str:
@@ -408,9 +493,7 @@ def _plain_step(
     loss.backward()
     if optimizer is not None:
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    else:
-        model.zero_grad(set_to_none=True)
+    _drop_gradients(model, optimizer)
 
 
 def _nograd_transients(
@@ -477,6 +560,11 @@ def _assemble(
         )
         before = recorder.saved.get(f"fwd:{i - 1}" if i else "fwd:pre", {})
         input_kept = call.input_key in saved_here or call.input_key in before
+        # Alive when its gradient arrives and dead before the block's backward ends: what kept
+        # it was the block's own saved tensors, which a checkpointed block does not hold.
+        own_output = (
+            call.output_key in saved_here and call.output_alive_at_bwd and call.output_died_in_bwd
+        )
         bwd_label = f"bwd:{i}"
         profiles.append(
             BlockProfile(
@@ -500,6 +588,7 @@ def _assemble(
                 time_bwd=seconds[bwd_label],
                 random=label in random_phases,
                 stateful=_updates_buffers(module),
+                own_output_bytes=call.output_bytes if own_output else 0,
             )
         )
     tail = tuple((base + phases[label].peak, _EVENTS[label]) for label in ("fwd:post", "bwd:post"))

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_map_only
 from torch.utils.checkpoint import (
     SAC_IGNORED_OPS,
@@ -189,12 +189,14 @@ class _RegionRun:
 
     def _recompute(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         """Re-run forward, keeping buffers (BatchNorm statistics) as the forward left them."""
-        with torch.no_grad():
+        # Outside the dispatch modes of selective checkpointing, whose recompute side refuses
+        # an op its forward did not run.
+        with torch.no_grad(), _disable_current_modes():
             kept = [b.clone() for b in self.stateful]
         try:
             return self._members(args, kwargs)
         finally:
-            with torch.no_grad():
+            with torch.no_grad(), _disable_current_modes():
                 for buffer, value in zip(self.stateful, kept, strict=True):
                     buffer.copy_(value)
 

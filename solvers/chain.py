@@ -69,6 +69,10 @@ class ChainBlock:
     joins_previous: bool = True
     """Whether the block may share a segment with the block before it."""
     output_bytes: int = 0
+    own_output_bytes: int = 0
+    """Output bytes that only the block's own backward keeps (a final ReLU saves its result):
+    counted in ``bwd_start``, but a checkpointed block has dropped them when its backward
+    starts (its recomputation makes them again)."""
     tail_time: float = 0.0
     """Time of the forward ops after the last op that saves a tensor for backward: a
     recomputation that ends with this block stops before them."""
@@ -165,15 +169,25 @@ def run_terms(
     events: list[tuple[float, str]] = []
     saved_before = 0
     restored = 0
+    # The region returns every member's output at once, so the forward of member i also holds
+    # the outputs of members 0..i-2 until the model's code takes them.
+    outputs_held = 0
+    # The segment's output, when only its own backward kept it, is gone until recomputed; a
+    # cached copy (an option that keeps it) stays.
+    dropped = 0 if final and final.keeps_output else last.own_output_bytes
     for i, b in enumerate(blocks):
+        # A later member runs while the checkpoint holds the region's input, kept or not.
+        held_input = extra_input if i else 0
         forward = b.fwd_start - saved_before + b.fwd_peak_nograd + kept[i]
-        events.append((forward, f"forward of {b.name}"))
-        recompute_live = last.bwd_start - total + restored
+        events.append((forward + outputs_held + held_input, f"forward of {b.name}"))
+        # A later member's input is the output its predecessor just recomputed.
+        recompute_live = last.bwd_start - total - dropped + restored + (b.input_bytes if i else 0)
         transient = b.fwd_peak - b.fwd_start - kept[i]
         events.append((recompute_live + transient + held, f"recompute of {b.name}"))
         events.append((b.bwd_peak + extra_input + held, f"backward of {b.name}"))
         saved_before += savings[i]
         restored += b.saved_bytes - kept[i] if i == 0 else savings[i]
+        outputs_held += b.input_bytes if i else 0
     recompute = sum(
         o.recompute_time if o else b.fwd_time for o, b in zip(chosen, blocks, strict=True)
     )

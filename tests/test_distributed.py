@@ -160,7 +160,7 @@ def check_against_single_process(plan: Plan, reports: list[dict]) -> None:
 def test_fsdp2_example_matches_one_process_within_the_per_rank_budget(
     monkeypatch, tmp_path
 ) -> None:
-    plan = per_rank_plan(monkeypatch, "fsdp", "0.8", "dp")
+    plan = per_rank_plan(monkeypatch, "fsdp", "1.0", "sqrt")
     assert any(len(r.modules) > 1 for r in plan.regions), "a multi-block region under FSDP2"
     check_against_single_process(plan, launch("train_fsdp.py", plan, tmp_path))
 
