@@ -83,7 +83,7 @@ def main() -> None:
     out = RESULTS / "pareto.json"
     RESULTS.mkdir(parents=True, exist_ok=True)
     # Models measured in earlier runs stay; each model is written as soon as it is done.
-    results = json.loads(out.read_text()) if out.exists() else {}
+    results: dict[str, dict] = {}
     for name in args.models:
         path = ROOT / "sample_models" / f"{name}.py"
         workload = load_model_file(path)
@@ -107,7 +107,10 @@ def main() -> None:
             "settings": {"points": args.points, "repeats": args.repeats, "threads": args.threads},
         }
         save_plot(points, str(RESULTS / f"pareto_{name}.png"), f"{name}.py (measured on CPU)")
-        out.write_text(json.dumps(results, indent=2))
+        # Re-read before writing: several runs (one model each) may share the file.
+        merged = json.loads(out.read_text()) if out.exists() else {}
+        merged[name] = results[name]
+        out.write_text(json.dumps(merged, indent=2))
     console.print(f"results written to {out.relative_to(ROOT)}")
 
 
