@@ -120,11 +120,7 @@ def solve(
             schedule = run_solver(solver, chain, target, **options)
         except InfeasibleBudget as exc:
             least = exc.least_peak + (budget_bytes - target)
-            raise CkptplanError(
-                f"budget {format_bytes(budget_bytes)} is below the least feasible peak "
-                f"{format_bytes(least)} of {prof.model_name} with solver {solver} "
-                f"(scope {scope}); use --budget {format_budget_at_least(least)} or more"
-            ) from None
+            raise _below_least_peak(budget_bytes, least, prof, solver, scope) from None
         plan = plan_from_schedule(prof, chain, schedule, parsed.text, budget_bytes, scope, menus)
         plan = replace(
             plan, settings={**plan.settings, "world_size": world_size, "parallel": parallel}
@@ -138,6 +134,16 @@ def solve(
             return plan
         target -= confirmed - budget_bytes
     return plan
+
+
+def _below_least_peak(
+    budget: int, least: int, prof: Profile, solver: str, scope: str
+) -> CkptplanError:
+    return CkptplanError(
+        f"budget {format_bytes(budget)} is below the least feasible peak {format_bytes(least)} "
+        f"of {prof.model_name} with solver {solver} (scope {scope}); use --budget "
+        f"{format_budget_at_least(least)} or more"
+    )
 
 
 def optimality_gap_of_auto(
@@ -157,9 +163,18 @@ def optimality_gap_of_auto(
 ) -> GapReport:
     """Auto's plan for an activations ``budget`` against the exact op-graph optimum (the
     ``ilp`` solver) at the same peak: see ``ckptplan.opgraph``."""
-    workload = _workload(model, example_inputs, loss_fn)
-    settings = Settings(batch_size, optimizer, dtype, device, blocks, autocast, measure)
-    prof = profile_model(workload, settings)
+    prof = profile(
+        model,
+        example_inputs,
+        loss_fn=loss_fn,
+        batch_size=batch_size,
+        optimizer=optimizer,
+        dtype=dtype,
+        autocast=autocast,
+        device=device,
+        blocks=blocks,
+        measure=measure,
+    )
     menus = selective_menus(prof)
     chain = to_chain(prof, "activations", menus)
     unchecked = run_solver("none", chain, None)
@@ -167,11 +182,7 @@ def optimality_gap_of_auto(
     try:
         schedule = run_solver("auto", chain, budget_bytes)
     except InfeasibleBudget as exc:
-        raise CkptplanError(
-            f"activations budget {format_bytes(budget_bytes)} is below the least feasible "
-            f"{format_bytes(exc.least_peak)} of {prof.model_name}; use --budget "
-            f"{format_budget_at_least(exc.least_peak)} or more"
-        ) from None
+        raise _below_least_peak(budget_bytes, exc.least_peak, prof, "auto", "activations") from None
     return optimality_gap(prof, chain, schedule, time_limit_s, menus=menus)
 
 

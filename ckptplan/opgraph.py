@@ -31,11 +31,10 @@ and ``optimality_gap`` compares its cost with ``solvers.remat.solve`` at the sam
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import asdict, dataclass
 
 from ckptplan.plan import Plan
-from ckptplan.problem import region_policy, selective_menus
+from ckptplan.problem import op_names, region_policy, selective_menus
 from ckptplan.profiler import Profile
 from ckptplan.solvers.chain import Chain, Schedule, validate_segments
 from ckptplan.solvers.remat import RematNode, RematProblem, solve
@@ -168,13 +167,8 @@ def _links(n: int, edges: list[tuple[int, int]]) -> dict[int, int]:
 def _op_names(graph: OpGraph, profile: Profile, forward: list[int]) -> dict[str, int]:
     """``aten.op.overload#k`` -> op node, ``k`` counting that overload's calls in the region's
     forward, as ``problem.save_items`` and the selective policy count them."""
-    calls: Counter[str] = Counter()
-    names = {}
-    for v in forward:
-        op = profile.ops[graph.records[v]].op
-        names[f"{op}#{calls[op]}"] = v
-        calls[op] += 1
-    return names
+    names = op_names([profile.ops[graph.records[v]] for v in forward])
+    return dict(zip(names, forward, strict=True))
 
 
 def _plan_regions(

@@ -12,7 +12,7 @@ exact knapsack over its forward ops. Repeated blocks (same ops, same sizes) are 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from ckptplan.costs import OpRecord
@@ -104,6 +104,17 @@ def _chain_block(b: BlockProfile) -> ChainBlock:
     )
 
 
+def op_names(ops: Sequence[OpRecord]) -> list[str]:
+    """``aten.op.overload#k`` for each op, ``k`` counting that overload's earlier calls in
+    ``ops``: how a selective policy names the calls of a region."""
+    calls: Counter[str] = Counter()
+    names = []
+    for op in ops:
+        names.append(f"{op.op}#{calls[op.op]}")
+        calls[op.op] += 1
+    return names
+
+
 def save_items(
     ops: list[OpRecord],
     free: set[int] | None = None,
@@ -117,12 +128,9 @@ def save_items(
     are kept or regenerated together. Ops at the indices in ``free`` cost no memory to keep.
     ``offload_time`` prices a round trip of that many bytes to host memory (None: no host).
     """
-    calls: Counter[str] = Counter()
     items: list[SaveItem] = []
     random: list[tuple[str, int, float]] = []
-    for index, op in enumerate(ops):
-        name = f"{op.op}#{calls[op.op]}"
-        calls[op.op] += 1
+    for index, (name, op) in enumerate(zip(op_names(ops), ops, strict=True)):
         if op.inplace or op.mutated_later or op.output_bytes == 0:
             continue
         size = 0 if free and index in free else op.output_bytes
@@ -151,11 +159,7 @@ def _unreplayed(ops: list[OpRecord]) -> dict[str, OpRecord]:
 
     Recomputation stops once every saved tensor is back, so when the block ends its segment
     these never run again, and a cached output of theirs is never taken back."""
-    names: list[str] = []
-    calls: Counter[str] = Counter()
-    for op in ops:
-        names.append(f"{op.op}#{calls[op.op]}")
-        calls[op.op] += 1
+    names = op_names(ops)
     last = max((i for i, op in enumerate(ops) if op.saved_bytes > 0), default=-1)
     return dict(zip(names[last + 1 :], ops[last + 1 :], strict=True))
 
@@ -164,8 +168,7 @@ def _output_op(block: BlockProfile, ops: list[OpRecord]) -> str | None:
     """The ``op#k`` name of the op that makes the block's output, if it is the last op."""
     if not ops or ops[-1].output_bytes != block.output_bytes:
         return None
-    last = ops[-1].op
-    return f"{last}#{sum(op.op == last for op in ops) - 1}"
+    return op_names(ops)[-1]
 
 
 def _menu(
