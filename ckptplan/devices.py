@@ -1,7 +1,8 @@
 """Roofline figures of the devices ckptplan can estimate time for, without running there.
 
 An op's time is ``max(FLOPs / peak FLOP/s for its dtype, bytes moved / memory bandwidth)``.
-Figures are dense (no sparsity) vendor peaks; ``cpu`` is a two-core laptop-class machine.
+Figures are dense (no sparsity) vendor peaks; ``cpu`` is a two-core laptop-class machine (its
+policy cost measured with ``--measure`` on the GPT sample's blocks: 34-58 µs per op call).
 ``host_bandwidth`` is what one direction of the host link (PCIe) sustains, the price of
 offloading a saved tensor to host memory and back; a CPU has no host to offload to.
 """
@@ -23,6 +24,10 @@ class Device:
     """Memory bandwidth in bytes per second."""
     host_bandwidth: float = 0.0
     """Bytes per second to and from host memory; 0 where the device memory is host memory."""
+    policy_op_time: float = 0.0
+    """Seconds a selective-checkpoint policy adds per op call: host time in its Python
+    dispatch modes. On a GPU the host runs ahead of kernels long enough to need checkpointing,
+    so it hides there (0); on a CPU it is paid in line. ``--measure`` measures it."""
 
     def op_time(self, flops: float, bytes_moved: float, half: bool) -> float:
         peak = self.half_flops if half else self.fp32_flops
@@ -40,7 +45,7 @@ DEVICES = {
         Device("a100", 19.5e12, 312e12, 2.0e12, host_bandwidth=25e9),
         Device("l4", 30e12, 121e12, 0.3e12, host_bandwidth=25e9),
         Device("rtx4090", 82.6e12, 165e12, 1.0e12, host_bandwidth=25e9),
-        Device("cpu", 1.0e11, 0.5e11, 2.0e10),
+        Device("cpu", 1.0e11, 0.5e11, 2.0e10, policy_op_time=45e-6),
     )
 }
 

@@ -20,7 +20,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ckptplan.loading import Workload, build_fake, call_model
-from ckptplan.memtrack import LiveStorageTracker, storage_bytes
+from ckptplan.memtrack import LiveStorageTracker, keep_freed_host_memory, storage_bytes
 from ckptplan.plan import Plan
 from ckptplan.training import (
     autocast_context,
@@ -188,6 +188,8 @@ def _compare(
         for name, model in (("baseline", baseline_model), ("candidate", candidate))
     }
     peaks = {name: _peak(model_file, run, target) for name, run in runs.items()}
+    if target.type == "cpu":
+        keep_freed_host_memory()
     times = _paired_times(model_file, runs, target, repeats)
     ratios = _pair_ratios(times)
     return _Comparison(

@@ -61,7 +61,8 @@ def to_chain(
                         held_bytes=sum(
                             unreplayed[n].output_bytes for n in s.saved if n in unreplayed
                         ),
-                        tail_time=sum(
+                        tail_time=len(unreplayed) * profile.policy_op_time
+                        + sum(
                             op.time
                             for n, op in unreplayed.items()
                             if n not in s.saved and n not in s.offloaded
@@ -125,20 +126,22 @@ def save_items(
     ``k`` counts the calls of that overload in the block's forward, as a selective policy sees
     them. In-place ops are never kept (their output is another op's storage), nor ops whose
     output an in-place op later overwrites; the random ops form one decision, so their outputs
-    are kept or regenerated together. Ops at the indices in ``free`` cost no memory to keep.
+    are kept or regenerated together (regenerated when one of them is in place, as dropout's
+    ``bernoulli_`` on CPU: the RNG must replay every draw or none). Ops at the indices in
+    ``free`` cost no memory to keep.
     ``offload_time`` prices a round trip of that many bytes to host memory (None: no host).
     """
     items: list[SaveItem] = []
     random: list[tuple[str, int, float]] = []
     for index, (name, op) in enumerate(zip(op_names(ops), ops, strict=True)):
-        if op.inplace or op.mutated_later or op.output_bytes == 0:
+        if not _keepable(op):
             continue
         size = 0 if free and index in free else op.output_bytes
         if op.random:
             random.append((name, size, op.time))
         else:
             items.append(SaveItem((name,), size, op.time))
-    if random:
+    if random and all(_keepable(op) for op in ops if op.random):
         items.append(
             SaveItem(
                 tuple(n for n, _, _ in random),
@@ -152,6 +155,22 @@ def save_items(
         replace(item, offload_time=offload_time(item.output_bytes)) if item.output_bytes else item
         for item in items
     ]
+
+
+def _keepable(op: OpRecord) -> bool:
+    """A policy can cache this op's output: it owns fresh storage that nothing overwrites."""
+    return not (op.inplace or op.mutated_later or op.output_bytes == 0)
+
+
+def _unkept_time(ops: list[OpRecord], skip: Mapping[str, OpRecord]) -> float:
+    """Time of the ops outside ``skip`` that run again under every option: those no policy
+    can keep, and every random op when their group cannot be kept."""
+    random_kept = all(_keepable(op) for op in ops if op.random)
+    return sum(
+        op.time
+        for n, op in zip(op_names(ops), ops, strict=True)
+        if n not in skip and (not _keepable(op) or (op.random and not random_kept))
+    )
 
 
 def _unreplayed(ops: list[OpRecord]) -> dict[str, OpRecord]:
@@ -176,6 +195,7 @@ def _menu(
     ops: list[OpRecord],
     points: int,
     offload_time: Callable[[int], float | None] | None,
+    policy_op_time: float = 0.0,
 ) -> list[Selection]:
     """One block's options, each thinned to ``points``, sizes always counting every op kept.
 
@@ -183,11 +203,16 @@ def _menu(
     its last save (nothing to keep there) and keeping its output is free (it lives on as the
     next block's input); for a block inside a segment, every op may be kept at its size.
     Recompute times always include every op not kept, as the chain takes the skipped tail off
-    where the block ends its segment.
+    where the block ends its segment; ops no policy can keep (in-place ops such as dropout's
+    ``bernoulli_``, views, outputs overwritten later) run again under every option. Every
+    option also pays ``policy_op_time`` per op call its policy sees: each op in forward and
+    again in recompute (the chain takes the skipped tail's calls off with its time).
     """
     name = _output_op(block, ops)
     unreplayed = _unreplayed(ops)
     skipped = sum(op.time for op in unreplayed.values())
+    policy = 2 * len(ops) * policy_op_time
+    always = {True: _unkept_time(ops, unreplayed) + policy, False: _unkept_time(ops, {}) + policy}
     free = {len(ops) - 1} if name is not None and name not in unreplayed else None
     ending = [
         item
@@ -199,10 +224,12 @@ def _menu(
         for selection in frontier(items, points):
             if not (selection.saved or selection.offloaded):
                 continue
+            time = selection.recompute_time + always[ends]
             if ends:
                 size = selection.kept_bytes + (block.output_bytes if name in selection.saved else 0)
-                time = selection.recompute_time + skipped
-                selection = replace(selection, kept_bytes=size, recompute_time=time)
+                selection = replace(selection, kept_bytes=size, recompute_time=time + skipped)
+            else:
+                selection = replace(selection, recompute_time=time)
             options.setdefault((selection.saved, selection.offloaded), selection)
     return sorted(options.values(), key=lambda s: (s.kept_bytes, s.recompute_time))
 
@@ -249,6 +276,8 @@ def selective_menus(profile: Profile, points: int = MENU_POINTS) -> list[list[Se
     for block, ops in zip(profile.blocks, block_forward_ops(profile), strict=True):
         signature = (block.class_name, *((o.op, o.output_bytes, round(o.time, 12)) for o in ops))
         if signature not in cache:
-            cache[signature] = _menu(block, ops, points, device.offload_time)
+            cache[signature] = _menu(
+                block, ops, points, device.offload_time, profile.policy_op_time
+            )
         menus.append(cache[signature])
     return menus

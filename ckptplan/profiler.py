@@ -14,12 +14,14 @@ A second, ``no_grad`` forward gives each block's transient when it runs checkpoi
 from __future__ import annotations
 
 import fnmatch
+import functools
 import logging
 import statistics
+import time
 import weakref
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -27,6 +29,11 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.autograd.graph import register_multi_grad_hook
 from torch.utils import _pytree as pytree
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
 from torch.utils.module_tracker import ModuleTracker
 
 from ckptplan.costs import OpRecord, OpRecorder
@@ -34,7 +41,12 @@ from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError
 from ckptplan.fingerprint import inputs_signature, model_fingerprint
 from ckptplan.loading import Workload, build_fake, call_model, describe_exception
-from ckptplan.memtrack import LiveStorageTracker, storage_bytes, storage_key
+from ckptplan.memtrack import (
+    LiveStorageTracker,
+    keep_freed_host_memory,
+    storage_bytes,
+    storage_key,
+)
 from ckptplan.training import (
     autocast_context,
     cast_floating,
@@ -47,6 +59,9 @@ from ckptplan.training import (
 
 MEASURED_STEPS = 3
 """Real steps timed op by op with ``--measure`` (each op's median is kept)."""
+
+POLICY_PAIRS = 5
+"""Back-to-back pairs of steps (plain checkpoint, recompute-all policy) that time a policy."""
 
 _EVENTS = {
     "fwd:pre": "forward before the blocks",
@@ -125,6 +140,9 @@ class Profile:
     """The timeline: (label, live bytes at start, peak) per phase."""
     ops: tuple[OpRecord, ...] = field(default=(), repr=False)
     """Every aten op of the step, forward and backward, in execution order."""
+    policy_op_time: float = 0.0
+    """Seconds a selective-checkpoint policy adds per op call it sees (its dispatch modes see
+    each op of a policied block in forward, and again in recompute)."""
     modules: tuple[tuple[str, str, int], ...] = field(default=(), repr=False)
     """(path, class name, parameter count) of every module, in definition order."""
 
@@ -370,8 +388,9 @@ def _profile(model_file: Workload, settings: Settings) -> Profile:
             model_file, model, inputs, optimizer, blocks, ops, settings.autocast
         )
         nograd = _nograd_transients(model, inputs, blocks, persistent, settings.autocast)
+    policy_op_time = device.policy_op_time
     if settings.measure:
-        ops = _measured_ops(model_file, settings, dtype, device)
+        ops, policy_op_time = _measured_ops(model_file, settings, dtype, device)
     return _assemble(
         model_file,
         model,
@@ -383,6 +402,7 @@ def _profile(model_file: Workload, settings: Settings) -> Profile:
         nograd,
         storage_bytes(persistent),
         optimizer,
+        policy_op_time,
     )
 
 
@@ -428,14 +448,16 @@ def _instrumented_step(
 
 def _measured_ops(
     model_file: Workload, settings: Settings, dtype: torch.dtype, device: Any
-) -> OpRecorder:
-    """The same step run for real on this machine (outside the fake mode), every op timed.
+) -> tuple[OpRecorder, float]:
+    """The same step run for real on this machine (outside the fake mode), every op timed,
+    and the time a selective-checkpoint policy adds per op call here.
 
     Each op's time is its median over ``MEASURED_STEPS`` steps: on a shared CPU one step can
     land in a burst of contention (a 2-thread step took 0.6 s or 4.4 s on the same machine
     minutes apart, the optimizer's share 1% or 20%), which skews the split between forward and
     the rest that the predicted overhead is made of.
     """
+    keep_freed_host_memory()
     torch.manual_seed(0)
     model, inputs = _prepared(model_file.build(), model_file.inputs(settings.batch_size), dtype)
     blocks = find_blocks(model, settings.blocks)
@@ -447,7 +469,67 @@ def _measured_ops(
         _instrumented_step(model_file, model, inputs, optimizer, blocks, ops, settings.autocast)
         _drop_gradients(model, optimizer)
         steps.append(ops)
-    return _median_times(steps)
+    measured = _median_times(steps)
+    dispatched = _policy_dispatches(measured.records, len(blocks))
+    extra = _policy_time(model_file, model, inputs, optimizer, blocks, settings.autocast)
+    return measured, max(0.0, extra / dispatched) if dispatched else 0.0
+
+
+def _policy_dispatches(records: list[OpRecord], blocks: int) -> int:
+    """Op calls a selective policy sees when every block is checkpointed and recomputes all:
+    each forward op, and in backward each op up to the block's last saved tensor."""
+    total = 0
+    for i in range(blocks):
+        ops = [r for r in records if r.phase == f"fwd:{i}" and not r.backward]
+        last = max((k for k, r in enumerate(ops) if r.saved_bytes > 0), default=-1)
+        total += len(ops) + last + 1
+    return total
+
+
+def _policy_time(
+    model_file: Workload,
+    model: torch.nn.Module,
+    inputs: Any,
+    optimizer: torch.optim.Optimizer | None,
+    blocks: list[tuple[str, torch.nn.Module]],
+    autocast: str | None,
+) -> float:
+    """What selective-checkpoint policies add to a step: the median, over back-to-back pairs,
+    of a step with every block checkpointed under a recompute-everything policy minus the same
+    step under plain checkpoint. Both recompute the same ops; the difference is the policy's
+    dispatch modes, which see every op in forward and in recompute."""
+    recompute_all = functools.partial(
+        create_selective_checkpoint_contexts, lambda *_, **__: CheckpointPolicy.PREFER_RECOMPUTE
+    )
+    differences = []
+    for _ in range(POLICY_PAIRS):
+        times = {}
+        for policy in (None, recompute_all):
+            with _checkpointed(blocks, policy):
+                start = time.perf_counter()
+                _plain_step(model_file, model, inputs, optimizer, autocast)
+                times[policy] = time.perf_counter() - start
+        differences.append(times[recompute_all] - times[None])
+    return statistics.median(differences)
+
+
+@contextmanager
+def _checkpointed(
+    blocks: list[tuple[str, torch.nn.Module]], context_fn: Callable[[], Any] | None
+) -> Iterator[None]:
+    """Every block's forward under ``torch.utils.checkpoint`` for the duration."""
+    extra = {"context_fn": context_fn} if context_fn is not None else {}
+    own = [(module, module.__dict__.get("forward")) for _, module in blocks]
+    for module, _ in own:
+        module.forward = functools.partial(checkpoint, module.forward, use_reentrant=False, **extra)
+    try:
+        yield
+    finally:
+        for module, forward in own:
+            if forward is None:
+                del module.forward
+            else:
+                module.forward = forward
 
 
 def _median_times(steps: list[OpRecorder]) -> OpRecorder:
@@ -529,6 +611,7 @@ def _assemble(
     nograd: list[int],
     persistent_bytes: int,
     optimizer: torch.optim.Optimizer | None,
+    policy_op_time: float,
 ) -> Profile:
     phases = {p.label: p for p in recorder.tracker.phases}
     index_of = {p.label: i for i, p in enumerate(recorder.tracker.phases)}
@@ -622,6 +705,7 @@ def _assemble(
         flops=sum(flops.values()),
         phases=tuple((p.label, base + p.start, base + p.peak) for p in recorder.tracker.phases),
         ops=tuple(costs.records),
+        policy_op_time=policy_op_time,
         modules=tuple(
             (path, type(m).__name__, sum(p.numel() for p in m.parameters()))
             for path, m in model.named_modules()

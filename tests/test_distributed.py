@@ -58,8 +58,15 @@ def per_rank_plan(monkeypatch: pytest.MonkeyPatch, mode: str, budget: str, solve
     monkeypatch.setattr(
         ckptplan.api, "profile_model", lambda w, s: per_rank(profile_model(w, s), WORLD, mode)
     )
+    # Timed for a GPU, where a policy's dispatch costs no step time, so that auto picks
+    # selective policies even on this small model.
     plan = ckptplan.solve(
-        MODELS / "tiny_gpt.py", budget=budget, solver=solver, batch_size=BATCH, fake_run=False
+        MODELS / "tiny_gpt.py",
+        budget=budget,
+        solver=solver,
+        batch_size=BATCH,
+        device="h100",
+        fake_run=False,
     )
     settings = {**plan.settings, "world_size": WORLD, "parallel": mode}
     return Plan.from_json({**plan.to_json(), "settings": settings})

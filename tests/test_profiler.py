@@ -3,10 +3,12 @@
 import resource
 
 import pytest
+import torch
 
+from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError
 from ckptplan.loading import load_model_file
-from ckptplan.profiler import Settings, find_blocks, profile_model
+from ckptplan.profiler import Settings, _checkpointed, find_blocks, profile_model
 from tests.conftest import MODELS, ROOT
 
 
@@ -119,3 +121,25 @@ def test_measured_times_replace_the_roofline(tiny_gpt) -> None:
     assert measured.step_time > 0 and measured.step_time != estimated.step_time
     assert all(b.time_fwd > 0 for b in measured.blocks)
     assert measured.peak_bytes == estimated.peak_bytes
+    assert measured.policy_op_time >= 0.0
+    assert estimated.policy_op_time == get_device("cpu").policy_op_time
+
+
+class _CountingLinear(torch.nn.Linear):
+    calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return super().forward(x)
+
+
+def test_timing_a_policy_checkpoints_blocks_only_for_the_while() -> None:
+    plain, own = _CountingLinear(4, 4), torch.nn.Linear(4, 4)
+    own.forward = lambda x: x + 1  # a forward set on the instance, which must come back
+    x = torch.randn(2, 4, requires_grad=True)
+    with _checkpointed([("plain", plain), ("own", own)], None):
+        plain(x).sum().backward()
+    assert plain.calls == 2, "checkpointed: the backward ran the forward again"
+    plain(x).sum().backward()
+    assert plain.calls == 3, "plain again once the timing is done"
+    assert "forward" not in plain.__dict__ and own(x).equal(x + 1)

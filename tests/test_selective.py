@@ -3,6 +3,7 @@
 import itertools
 import random
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ import ckptplan
 from ckptplan.costs import OpRecord
 from ckptplan.loading import load_model_file
 from ckptplan.plan import Plan
-from ckptplan.problem import save_items, selective_menus, to_chain
+from ckptplan.problem import block_forward_ops, op_names, save_items, selective_menus, to_chain
 from ckptplan.profiler import Settings, profile_model
 from ckptplan.solvers import run_solver
 from ckptplan.solvers.selective import SaveItem, frontier
@@ -70,13 +71,18 @@ def test_save_items_name_calls_and_group_random_ops() -> None:
         record("aten.addmm.default", 40, 5.0),
         record("aten.rand.default", 8, 0.1, random=True),
     ]
-    items = save_items(ops)
+    items = save_items([op for op in ops if not op.inplace])
     assert [i.ops for i in items] == [
         ("aten.addmm.default#0",),
         ("aten.addmm.default#1",),
         ("aten.native_dropout.default#0", "aten.rand.default#0"),
     ]
     assert items[-1].output_bytes == 58
+    # An in-place random op cannot be cached, so no random op may be: the RNG replays all.
+    assert [i.ops for i in save_items(ops)] == [
+        ("aten.addmm.default#0",),
+        ("aten.addmm.default#1",),
+    ]
 
 
 def test_block_menus_keep_matmuls_first(gpt_profile) -> None:
@@ -98,6 +104,21 @@ def test_block_menus_keep_matmuls_first(gpt_profile) -> None:
         assert times == sorted(times, reverse=True)
 
 
+@pytest.mark.parametrize("policy_op_time", [0.0, 1e-3])
+def test_menu_options_pay_for_every_op_they_do_not_keep(gpt_profile, policy_op_time) -> None:
+    """In-place ops (dropout's ``bernoulli_`` on CPU), views and the random ops they force to
+    replay run again under every option; each op call also pays the policy's dispatch."""
+    profile = replace(gpt_profile, policy_op_time=policy_op_time)
+    ops = block_forward_ops(profile)[0]
+    assert any(op.inplace and op.random for op in ops), "CPU dropout draws its mask in place"
+    by_name = dict(zip(op_names(ops), ops, strict=True))
+    dispatch = 2 * len(ops) * policy_op_time
+    for option in selective_menus(profile)[0]:
+        assert not any(by_name[n].random for n in option.saved)
+        not_kept = sum(op.time for n, op in by_name.items() if n not in option.saved)
+        assert option.recompute_time == pytest.approx(not_kept + dispatch, rel=1e-9)
+
+
 def test_auto_never_loses_to_dp(gpt_profile) -> None:
     chain = to_chain(gpt_profile, menus=selective_menus(gpt_profile))
     none, full = run_solver("none", chain, None), run_solver("full", chain, None)
@@ -107,7 +128,10 @@ def test_auto_never_loses_to_dp(gpt_profile) -> None:
         assert auto.peak <= budget
         assert auto.recompute_time <= dp.recompute_time + 1e-12
     mid = int(full.peak + 0.6 * (none.peak - full.peak))
-    assert run_solver("auto", chain, mid).options, "auto should use selective policies"
+    free = replace(gpt_profile, policy_op_time=0.0)
+    assert run_solver("auto", to_chain(free, menus=selective_menus(free)), mid).options
+    dear = replace(gpt_profile, policy_op_time=1.0)
+    assert not run_solver("auto", to_chain(dear, menus=selective_menus(dear)), mid).options
 
 
 def test_selective_plans_keep_gradients_and_fit(tmp_path) -> None:
@@ -262,7 +286,7 @@ def test_a_segment_of_blocks_under_one_policy_is_predicted_and_exact() -> None:
     from ckptplan.solvers.chain import simulate
 
     model = ROOT / "sample_models" / "mlp.py"
-    profile = ckptplan.profile(model, batch_size=8)
+    profile = replace(ckptplan.profile(model, batch_size=8), policy_op_time=0.0)
     menus = selective_menus(profile)
     chain = to_chain(profile, menus=menus)
     option = next(i for i, s in enumerate(menus[1]) if "aten.addmm.default#0" in s.saved)
