@@ -244,18 +244,34 @@ def verify_plan(
     )
 
 
-class _Unprefixed(torch.nn.Module):
-    """An ``aot_module`` whose parameters keep the original model's names."""
+class _Partitioned(torch.nn.Module):
+    """``model`` traced by AOTAutograd, its backward split off by ``partition_fn``.
 
-    def __init__(self, compiled: torch.nn.Module) -> None:
+    Like ``aot_module``, but parameters and buffers go in once each, by their first names, so
+    tied weights (a GPT's head and embedding) stay one tensor; ``functional_call`` ties them
+    back. ``named_parameters`` are the model's own, so gradients compare name by name.
+    """
+
+    def __init__(self, model: torch.nn.Module, partition_fn: Any) -> None:
+        from functorch.compile import aot_function, nop
+
         super().__init__()
-        self.compiled = compiled
+        self.model = model
+        self.params = dict(model.named_parameters())
+        self.buffers_ = dict(model.named_buffers())
+
+        def step(state: dict[str, torch.Tensor], *args: Any, **kwargs: Any) -> Any:
+            return torch.func.functional_call(model, state, args, kwargs)
+
+        self.compiled = aot_function(
+            step, fw_compiler=nop, bw_compiler=nop, partition_fn=partition_fn
+        )
 
     def named_parameters(self, *args: Any, **kwargs: Any) -> Any:
-        yield from self.compiled.orig_module.named_parameters(*args, **kwargs)
+        yield from self.model.named_parameters(*args, **kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.compiled(*args, **kwargs)
+        return self.compiled({**self.params, **self.buffers_}, *args, **kwargs)
 
 
 def measure_compile_budget(
@@ -268,22 +284,16 @@ def measure_compile_budget(
     """``torch.compile``'s ``activation_memory_budget`` peer, measured like a plan.
 
     AOTAutograd's min-cut partitioner chooses what to recompute under the budget; it runs here
-    through ``aot_module`` with eager (nop) compilers, the partitioning ``torch.compile``
+    through ``aot_function`` with eager (nop) compilers, the partitioning ``torch.compile``
     applies, without dynamo, so the live-storage tracker can count the compiled step.
     """
-    from functorch.compile import aot_module, min_cut_rematerialization_partition, nop
+    from functorch.compile import min_cut_rematerialization_partition
     from torch._functorch import config as functorch_config
 
     target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     baseline_model, inputs, _ = _baseline(model_file, settings, target)
     with functorch_config.patch(activation_memory_budget=memory_budget):
-        compiled = aot_module(
-            copy.deepcopy(baseline_model),
-            fw_compiler=nop,
-            bw_compiler=nop,
-            partition_fn=min_cut_rematerialization_partition,
-        )
-        candidate = _Unprefixed(compiled)
+        candidate = _Partitioned(copy.deepcopy(baseline_model), min_cut_rematerialization_partition)
         return _compare(model_file, settings, baseline_model, candidate, inputs, target, repeats)
 
 

@@ -154,3 +154,21 @@ def test_a_compiled_rewritten_module_trains_with_the_unchecked_gradients() -> No
     expected = train(mlp, reference, reference)
     got = train(mlp, torch.compile(module, backend="aot_eager"), module)
     assert_same(expected, [{original_name(n): g for n, g in grads.items()} for grads in got])
+
+
+def test_the_compile_budget_peer_runs_tied_weights() -> None:
+    """The peer of the sweep: AOTAutograd's min-cut partitioner under a memory budget, on a
+    GPT whose head is tied to its embedding (dropout off: torch 2.13's compiled dropout draws
+    other masks than eager)."""
+    from ckptplan.loading import LiveModel
+    from ckptplan.measure import measure_compile_budget
+
+    module = load_model_file(ROOT / "sample_models" / "gpt.py").module
+    torch.manual_seed(0)
+    model = module.GPT(vocab_size=128, block_size=64, n_layer=4, n_head=2, n_embd=64, dropout=0.0)
+    assert model.lm_head.weight is model.wte.weight
+    batch = (torch.randint(0, 128, (16, 64)), torch.randint(0, 128, (16, 64)))
+    workload = LiveModel(model, batch, module.loss_fn)
+    tight = measure_compile_budget(workload, {}, memory_budget=0.1, device="cpu", repeats=1)
+    assert tight.max_grad_abs_diff <= 1e-5
+    assert tight.measured_peak_bytes < 0.6 * tight.baseline_peak_bytes
