@@ -197,7 +197,7 @@ def _menu(
     ops: list[OpRecord],
     points: int,
     offload_time: Callable[[int], float | None] | None,
-    policy_op_time: float = 0.0,
+    policy_op_time: float,
 ) -> list[Selection]:
     """One block's options, each thinned to ``points``, sizes always counting every op kept.
 

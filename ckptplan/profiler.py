@@ -501,13 +501,16 @@ def _policy_time(
     recompute_all = functools.partial(
         create_selective_checkpoint_contexts, lambda *_, **__: CheckpointPolicy.PREFER_RECOMPUTE
     )
+    synchronize = torch.cuda.synchronize if _device_type(inputs) == "cuda" else lambda: None
     differences = []
-    for _ in range(POLICY_PAIRS):
+    for i in range(POLICY_PAIRS):
         times = {}
-        for policy in (None, recompute_all):
+        for policy in (None, recompute_all) if i % 2 == 0 else (recompute_all, None):
             with _checkpointed(blocks, policy):
+                synchronize()
                 start = time.perf_counter()
                 _plain_step(model_file, model, inputs, optimizer, autocast)
+                synchronize()
                 times[policy] = time.perf_counter() - start
         differences.append(times[recompute_all] - times[None])
     return statistics.median(differences)
