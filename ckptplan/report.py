@@ -167,7 +167,8 @@ def show_profile(profile: Any, console: Console, depth: int = 2, top: int = 10) 
         f"{format_bytes(profile.persistent_bytes)} (parameters "
         f"{format_bytes(profile.parameter_bytes)}, optimizer "
         f"{format_bytes(profile.optimizer_bytes)}, batch {format_bytes(profile.input_bytes)})"
-        f" · {_flops(profile.flops)}FLOP · step {_seconds(profile.step_time)}"
+        f" · {_flops(profile.flops)}FLOP · step {_seconds(profile.step_time)} · a selective "
+        f"policy adds {profile.policy_op_time * 1e6:.0f} µs per op call"
     )
     table = Table(title=f"by module (depth {depth})")
     for column in (

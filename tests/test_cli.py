@@ -124,6 +124,7 @@ def test_profile_command(run, tiny_gpt) -> None:
     assert result.exit_code == 0, result.output
     assert "by module (depth 1)" in result.output and "layers" in result.output
     assert "largest tensors saved for backward" in result.output
+    assert "a selective policy adds 45 µs per op call" in " ".join(result.output.split())
 
 
 def test_profile_json(run, tiny_gpt) -> None:
