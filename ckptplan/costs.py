@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,21 @@ class OpRecord:
     """Bytes of the storages this op brought into being (none for in-place ops and aliases)."""
     overwritten_bytes: int = 0
     """Bytes of recorded ops' storages this op overwrote in place (a new version of them)."""
+
+
+def block_forward_records(records: Sequence[OpRecord], blocks: int) -> list[list[OpRecord]]:
+    """Each of ``blocks`` blocks' forward ops, in the order a selective policy sees them."""
+    forward: dict[str, list[OpRecord]] = {}
+    for op in records:
+        if op.phase.startswith("fwd:") and not op.backward:
+            forward.setdefault(op.phase, []).append(op)
+    return [forward.get(f"fwd:{i}", []) for i in range(blocks)]
+
+
+def replayed_count(ops: Sequence[OpRecord]) -> int:
+    """How many of a block's forward ops its recomputation runs: up to the last one that saves
+    a tensor for backward, where recomputation stops once every saved tensor is back."""
+    return max((i + 1 for i, op in enumerate(ops) if op.saved_bytes > 0), default=0)
 
 
 def _sdpa_cpu_flops(args: tuple[Any, ...], backward: bool) -> float:

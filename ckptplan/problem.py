@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from ckptplan.costs import OpRecord
+from ckptplan.costs import OpRecord, block_forward_records, replayed_count
 from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError
 from ckptplan.options import SCOPES
@@ -180,9 +180,8 @@ def _unreplayed(ops: list[OpRecord]) -> dict[str, OpRecord]:
 
     Recomputation stops once every saved tensor is back, so when the block ends its segment
     these never run again, and a cached output of theirs is never taken back."""
-    names = op_names(ops)
-    last = max((i for i, op in enumerate(ops) if op.saved_bytes > 0), default=-1)
-    return dict(zip(names[last + 1 :], ops[last + 1 :], strict=True))
+    replayed = replayed_count(ops)
+    return dict(zip(op_names(ops)[replayed:], ops[replayed:], strict=True))
 
 
 def _output_op(block: BlockProfile, ops: list[OpRecord]) -> str | None:
@@ -238,11 +237,7 @@ def _menu(
 
 def block_forward_ops(profile: Profile) -> list[list[OpRecord]]:
     """Each block's forward ops, in the order a selective policy sees them."""
-    forward: dict[str, list[OpRecord]] = {}
-    for op in profile.ops:
-        if op.phase.startswith("fwd:") and not op.backward:
-            forward.setdefault(op.phase, []).append(op)
-    return [forward.get(f"fwd:{i}", []) for i in range(len(profile.blocks))]
+    return block_forward_records(profile.ops, len(profile.blocks))
 
 
 def region_policy(

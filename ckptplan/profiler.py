@@ -36,7 +36,7 @@ from torch.utils.checkpoint import (
 )
 from torch.utils.module_tracker import ModuleTracker
 
-from ckptplan.costs import OpRecord, OpRecorder
+from ckptplan.costs import OpRecord, OpRecorder, block_forward_records, replayed_count
 from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError
 from ckptplan.fingerprint import inputs_signature, model_fingerprint
@@ -478,12 +478,7 @@ def _measured_ops(
 def _policy_dispatches(records: list[OpRecord], blocks: int) -> int:
     """Op calls a selective policy sees when every block is checkpointed and recomputes all:
     each forward op, and in backward each op up to the block's last saved tensor."""
-    total = 0
-    for i in range(blocks):
-        ops = [r for r in records if r.phase == f"fwd:{i}" and not r.backward]
-        last = max((k for k, r in enumerate(ops) if r.saved_bytes > 0), default=-1)
-        total += len(ops) + last + 1
-    return total
+    return sum(len(ops) + replayed_count(ops) for ops in block_forward_records(records, blocks))
 
 
 def _policy_time(
