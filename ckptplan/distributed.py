@@ -38,13 +38,21 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ckptplan.errors import CkptplanError
 from ckptplan.memtrack import LiveStorageTracker, storage_key
-from ckptplan.profiler import _EVENTS, BlockProfile, Profile
+from ckptplan.profiler import _EVENTS, BlockProfile, Gap, Profile
 
 MODES = ("fsdp", "ddp")
 FSDP_GROUP_BYTES = 64
 """Bookkeeping per ``fully_shard`` group (mesh and padding tensors; ~30 B measured on CPU)."""
 
 _LABELS = {text: label for label, text in _EVENTS.items()}
+
+
+def _shifted(gap: Gap | None, forward: int, backward: int) -> Gap | None:
+    """The gap's peaks with a rank's extra bytes in forward and in backward."""
+    if gap is None:
+        return None
+    bwd_peak = None if gap.bwd_peak is None else gap.bwd_peak + backward
+    return replace(gap, fwd_peak=gap.fwd_peak + forward, bwd_peak=bwd_peak)
 
 
 def _ceil_div(x: int, n: int) -> int:
@@ -69,6 +77,11 @@ def per_rank(profile: Profile, world_size: int, mode: str) -> Profile:
         profile,
         blocks=blocks,
         parameter_bytes=rank.parameter_bytes,
+        trainable_bytes=(
+            None
+            if profile.trainable_bytes is None
+            else profile.trainable_bytes * rank.parameter_bytes // max(1, profile.parameter_bytes)
+        ),
         optimizer_bytes=rank.optimizer_bytes,
         persistent_bytes=profile.persistent_bytes + rank.shift,
         peak_bytes=max(
@@ -99,6 +112,7 @@ class _DdpRank:
             fwd_peak=b.fwd_peak + self.shift,
             bwd_start=b.bwd_start + self.shift,
             bwd_peak=b.bwd_peak + self.shift,
+            gap=_shifted(b.gap, self.shift, self.shift),
         )
 
     def events(self, events: tuple[tuple[int, str], ...]) -> tuple[tuple[int, str], ...]:
@@ -144,11 +158,18 @@ class _FsdpRank:
             bwd_start=b.bwd_start + self.shift + self.backward_set - saved,
             bwd_peak=b.bwd_peak + self.shift + self.backward_set - saved,
             grads_at_bwd_end=b.grads_at_bwd_end - saved,
+            grads_at_bwd_start=max(0, b.grads_at_bwd_start - saved),
+            gap=_shifted(
+                b.gap,
+                self.shift + self.forward_set + 2 * self.p,
+                self.shift + self.backward_set - saved,
+            ),
         )
 
     def at(self, label: str, where: str) -> int:
         """The change of a phase's live bytes (at its start or its peak)."""
         kind, _, index = label.partition(":")
+        index = index.removeprefix("gap")
         if index.isdigit():
             i = int(index)
             if kind == "fwd":

@@ -38,15 +38,17 @@ def to_chain(
     blocks = []
     forward = block_forward_ops(profile)
     for i, b in enumerate(profile.blocks):
-        block = _chain_block(b)
+        block = replace(_chain_block(b), after_peaks=_gap_events(profile, i, scope))
         if scope == "activations":
+            # Gradients only grow in backward, so those present when a phase starts are
+            # present at its peak: taking off more would count a gradient before it exists.
             base = profile.persistent_bytes
-            grads = b.grads_at_bwd_end
+            grads = b.grads_at_bwd_start
             block = replace(
                 block,
                 fwd_start=b.fwd_start - base,
                 fwd_peak=b.fwd_peak - base,
-                bwd_start=b.bwd_start - base - (grads - b.parameter_bytes),
+                bwd_start=b.bwd_start - base - grads,
                 bwd_peak=b.bwd_peak - base - grads,
             )
         unreplayed = _unreplayed(forward[i])
@@ -77,16 +79,26 @@ def to_chain(
     if scope == "step":
         return Chain(tuple(blocks), profile.tail_peaks, profile.fixed_peaks)
     base = profile.persistent_bytes
-    last = profile.blocks[-1]
-    last_grads = last.grads_at_bwd_end - last.parameter_bytes
-    (fwd_tail, fwd_event), (bwd_tail, bwd_event) = profile.tail_peaks
+    grads = dict(profile.event_grads)
     return Chain(
         blocks=tuple(blocks),
-        tail_peaks=((fwd_tail - base, fwd_event), (bwd_tail - base - last_grads, bwd_event)),
-        fixed_peaks=tuple(
-            (max(0, v - base - profile.gradient_bytes), e) for v, e in profile.fixed_peaks
-        ),
+        tail_peaks=tuple((v - base - grads.get(e, 0), e) for v, e in profile.tail_peaks),
+        fixed_peaks=tuple((max(0, v - base - grads.get(e, 0)), e) for v, e in profile.fixed_peaks),
     )
+
+
+def _gap_events(profile: Profile, index: int, scope: str) -> tuple[tuple[int, str], ...]:
+    """The peaks of the code between block ``index`` and the next, as chain events."""
+    gap = profile.blocks[index].gap
+    if gap is None:
+        return ()
+    between = f"between {profile.blocks[index].path} and {profile.blocks[index + 1].path}"
+    base = profile.persistent_bytes if scope == "activations" else 0
+    grads = gap.bwd_grads if scope == "activations" else 0
+    events = [(gap.fwd_peak - base, f"forward {between}")]
+    if gap.bwd_peak is not None:
+        events.append((gap.bwd_peak - base - grads, f"backward {between}"))
+    return tuple(events)
 
 
 def _chain_block(b: BlockProfile) -> ChainBlock:

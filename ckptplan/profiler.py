@@ -13,20 +13,24 @@ A second, ``no_grad`` forward gives each block's transient when it runs checkpoi
 
 from __future__ import annotations
 
-import fnmatch
 import functools
 import logging
+import os
 import statistics
 import time
+import traceback
 import weakref
-from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+)
 from torch.autograd.graph import register_multi_grad_hook
 from torch.utils import _pytree as pytree
 from torch.utils.checkpoint import (
@@ -55,7 +59,9 @@ from ckptplan.training import (
     make_optimizer,
     parse_dtype,
     persistent_tensors,
+    training_conventions,
 )
+from ckptplan.units import find_units
 
 MEASURED_STEPS = 3
 """Real steps timed op by op with ``--measure`` (each op's median is kept)."""
@@ -84,6 +90,17 @@ class Settings:
     autocast: str | None = None
     measure: bool = False
     """Time every op on the local device (a real step) instead of the roofline estimate."""
+
+
+@dataclass(frozen=True)
+class Gap:
+    """The code between a block and the next when the next does not take the block's output
+    (a stage's downsampling, a second tower's embedding): absolute live bytes of its forward
+    and backward peaks, and the gradient bytes present when its backward starts."""
+
+    fwd_peak: int
+    bwd_peak: int | None
+    bwd_grads: int = 0
 
 
 @dataclass(frozen=True)
@@ -116,6 +133,18 @@ class BlockProfile:
     """Bytes of the output that only the block's own backward keeps (a final ReLU saves its
     result): alive at ``bwd_start`` of the unchecked step, but dropped by a checkpointed block,
     whose recomputation makes it again."""
+    gap: Gap | None = None
+    """The code that runs after this block and before the next, if any."""
+    grads_at_bwd_start: int = 0
+    """Gradient bytes present when its backward starts: an activations budget takes these,
+    and no more, off the backward's figures (the block's own appear during its backward)."""
+    trainable_bytes: int | None = None
+    """Bytes of its parameters that get gradients (frozen ones, as under LoRA, get none);
+    None: all of them."""
+
+    @property
+    def gradient_bytes(self) -> int:
+        return self.parameter_bytes if self.trainable_bytes is None else self.trainable_bytes
 
 
 @dataclass(frozen=True)
@@ -145,10 +174,17 @@ class Profile:
     each op of a policied block in forward, and again in recompute)."""
     modules: tuple[tuple[str, str, int], ...] = field(default=(), repr=False)
     """(path, class name, parameter count) of every module, in definition order."""
+    notes: tuple[str, ...] = ()
+    """What the profiled step does differently from the model's defaults, and why."""
+
+    trainable_bytes: int | None = None
+    """Bytes of the parameters that get gradients and optimizer state; None: all of them."""
+    event_grads: tuple[tuple[str, int], ...] = ()
+    """(event, gradient bytes present when it starts) of the events outside the blocks."""
 
     @property
     def gradient_bytes(self) -> int:
-        return self.parameter_bytes
+        return self.parameter_bytes if self.trainable_bytes is None else self.trainable_bytes
 
 
 class _ModuleTracker(ModuleTracker):
@@ -179,49 +215,8 @@ class _ModuleTracker(ModuleTracker):
             self._hooks.append(register_multi_grad_hook(tensors, fn, mode="any"))
 
 
-def find_blocks(model: torch.nn.Module, pattern: str | None = None) -> list[tuple[str, Any]]:
-    """The chain of blocks: modules matching ``pattern``, or by default the children of the
-    ``nn.ModuleList``/``nn.Sequential`` with the most children of one class (e.g. the layers).
-    """
-    if pattern is not None:
-        patterns = [p.strip() for p in pattern.split(",") if p.strip()]
-        found = [
-            (path, m)
-            for path, m in model.named_modules()
-            if path and any(fnmatch.fnmatchcase(path, p) for p in patterns)
-        ]
-        outermost = [
-            (path, m)
-            for path, m in found
-            if not any(path.startswith(other + ".") for other, _ in found)
-        ]
-        if not outermost:
-            raise CkptplanError(
-                f"--blocks {pattern!r} matches no module; module paths look like "
-                f"{_example_paths(model)}"
-            )
-        return outermost
-    best: tuple[int, int, str] | None = None
-    for path, module in model.named_modules():
-        if not isinstance(module, torch.nn.ModuleList | torch.nn.Sequential) or len(module) < 2:
-            continue
-        repeated = Counter(type(child).__name__ for child in module).most_common(1)[0][1]
-        size = sum(p.numel() for p in module.parameters())
-        if repeated >= 2 and (best is None or (repeated, size) > best[:2]):
-            best = (repeated, size, path)
-    if best is None:
-        raise CkptplanError(
-            f"{type(model).__name__} has no nn.ModuleList or nn.Sequential of repeated blocks; "
-            f"name the blocks with --blocks, e.g. --blocks '{_example_paths(model)}'"
-        )
-    container = model.get_submodule(best[2])
-    prefix = f"{best[2]}." if best[2] else ""
-    return [(f"{prefix}{name}", child) for name, child in container.named_children()]
-
-
-def _example_paths(model: torch.nn.Module) -> str:
-    paths = [p for p, _ in model.named_modules() if p][:3]
-    return ", ".join(paths) if paths else "(the model has no submodules)"
+def _parent(path: str) -> str:
+    return path.rpartition(".")[0]
 
 
 def _same_arguments(a: Any, b: Any) -> bool:
@@ -246,6 +241,9 @@ class _BlockCall:
     output_key: int | None = None
     output_bytes: int = 0
     joins_previous: bool = False
+    gap_before: bool = False
+    """Code runs between the previous block and this one (this block's input is not the
+    previous block's output)."""
     calls: int = 0
     output: weakref.ref[torch.UntypedStorage] | None = None
     """The output's storage, watched to see what keeps it alive in backward."""
@@ -274,9 +272,11 @@ class _StepRecorder:
         self._previous: tuple[torch.Tensor | None, Any] = (None, None)
 
     def mark(self, label: str) -> None:
+        grads = self._grad_bytes()
+        self.grads_at[label + ":start"] = grads
         if self.tracker.phases:
             ending = self.tracker.phases[-1].label
-            self.grads_at[ending + ":end"] = self._grad_bytes()
+            self.grads_at[ending + ":end"] = grads
             if ending.startswith("bwd:") and ending[4:].isdigit():
                 call = self.calls[int(ending[4:])]
                 call.output_died_in_bwd = call.output is not None and call.output() is None
@@ -319,15 +319,17 @@ class _StepRecorder:
                 if args
                 else ((), {k: v for k, v in kwargs.items() if v is not x})
             )
+            follows = index > 0 and previous_out is not None and x is previous_out
+            call.gap_before = index > 0 and not follows
             call.joins_previous = (
-                index > 0
-                and previous_out is not None
-                and x is previous_out
+                follows
                 and _same_arguments(rest, previous_rest)
+                and _parent(self.blocks[index][0]) == _parent(self.blocks[index - 1][0])
             )
             self._previous = (None, rest)
-            if index == 0 and x.requires_grad:
-                x.register_hook(lambda grad: self.mark("bwd:pre"))
+            if x.requires_grad and (index == 0 or call.gap_before):
+                label = "bwd:pre" if index == 0 else f"bwd:gap{index - 1}"
+                x.register_hook(lambda grad: self.mark(label))
 
         return hook
 
@@ -346,6 +348,7 @@ class _StepRecorder:
                 self.mark("fwd:post")
             else:
                 self._previous = (out, self._previous[1])
+                self.mark(f"fwd:gap{index}")
 
         return hook
 
@@ -363,6 +366,8 @@ def profile_model(model_file: Workload, settings: Settings) -> Profile:
     except CkptplanError:
         raise
     except Exception as exc:
+        if _raised_by_ckptplan(exc):
+            raise
         file = getattr(model_file, "path", None)
         raise CkptplanError(
             f"running {model_file.name} on fake tensors failed: {describe_exception(exc, file)}"
@@ -371,27 +376,85 @@ def profile_model(model_file: Workload, settings: Settings) -> Profile:
         fake_tensor_log.setLevel(level)
 
 
+def _raised_by_ckptplan(exc: BaseException) -> bool:
+    """Whether the deepest frame outside torch is ckptplan's own (a bug here, not in the
+    model's code or in what fake tensors support). ckptplan's dispatch modes pass every op
+    through, so an op that fails inside one is not counted as theirs."""
+    owners = [
+        str(frame.f_globals.get("__name__", "")).partition(".")[0]
+        for frame, _ in traceback.walk_tb(exc.__traceback__)
+        if frame.f_code.co_name != "__torch_dispatch__"
+    ]
+    outside_torch = [owner for owner in owners if owner != "torch"]
+    return bool(outside_torch) and outside_torch[-1] == "ckptplan"
+
+
+class _DataDependent(Exception):
+    """The step reads tensor values (``nonzero``, routing), which fake tensors do not have."""
+
+    def __init__(self, cause: Exception, parameter_bytes: int) -> None:
+        super().__init__(str(cause))
+        self.op = str(getattr(cause, "func", "") or type(cause).__name__)
+        self.parameter_bytes = parameter_bytes
+
+
+_DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
+
+REAL_STEP_MEMORY_FACTOR = 8
+"""A real step is taken only if this many times the parameter bytes fit in free memory
+(parameters, gradients and AdamW's two moments are four; activations and slack the rest)."""
+
+
 def _profile(model_file: Workload, settings: Settings) -> Profile:
+    """The fake step, or a real one on this machine when the step reads tensor values (the
+    token routing of a mixture of experts, ``nonzero``) and the model fits here."""
+    try:
+        return _profile_step(model_file, settings, real=False)
+    except _DataDependent as exc:
+        free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+        if exc.parameter_bytes * REAL_STEP_MEMORY_FACTOR > free:
+            raise CkptplanError(
+                f"{model_file.name} runs {exc.op}, whose output depends on tensor values, so "
+                "it cannot be profiled on fake tensors, and it is too large for a real step "
+                f"here ({exc.parameter_bytes / 2**30:.1f} GiB of parameters); profile a "
+                "smaller configuration of it"
+            ) from None
+        profile = _profile_step(model_file, settings, real=True)
+        note = (
+            f"profiled with a real step on this machine: {exc.op} depends on tensor values, "
+            "so sizes (e.g. tokens per expert) are those this batch and these weights give"
+        )
+        return replace(profile, notes=(*profile.notes, note))
+
+
+def _profile_step(model_file: Workload, settings: Settings, real: bool) -> Profile:
     device = get_device(settings.device)
     dtype = parse_dtype(settings.dtype)
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    with nullcontext() if real else FakeTensorMode(allow_non_fake_inputs=True):
         torch.manual_seed(0)
-        model = build_fake(model_file)
+        model = model_file.build() if real else build_fake(model_file)
         inputs = model_file.inputs(settings.batch_size)
-        model, inputs = _prepared(model, inputs, dtype)
-        blocks = find_blocks(model, settings.blocks)
+        model, inputs, notes = _prepared(model, inputs, dtype)
         optimizer = make_optimizer(settings.optimizer, model)
-        _plain_step(model_file, model, inputs, optimizer, settings.autocast)
-        persistent = persistent_tensors(model, optimizer, inputs)
-        ops = OpRecorder(device, _ModuleTracker())
-        recorder = _instrumented_step(
-            model_file, model, inputs, optimizer, blocks, ops, settings.autocast
-        )
-        nograd = _nograd_transients(model, inputs, blocks, persistent, settings.autocast)
+        try:
+            blocks = find_units(
+                model,
+                lambda: _plain_step(model_file, model, inputs, optimizer, settings.autocast),
+                settings.blocks,
+            )
+            persistent = persistent_tensors(model, optimizer, inputs)
+            ops = OpRecorder(device, _ModuleTracker())
+            recorder = _instrumented_step(
+                model_file, model, inputs, optimizer, blocks, ops, settings.autocast
+            )
+            nograd = _nograd_transients(model, inputs, blocks, persistent, settings.autocast)
+        except _DATA_DEPENDENT as exc:
+            raise _DataDependent(exc, storage_bytes(model.parameters())) from None
     policy_op_time = device.policy_op_time
     if settings.measure:
-        ops, policy_op_time = _measured_ops(model_file, settings, dtype, device)
-    return _assemble(
+        paths = [path for path, _ in blocks]
+        ops, policy_op_time = _measured_ops(model_file, settings, dtype, device, paths)
+    profile = _assemble(
         model_file,
         model,
         inputs,
@@ -404,10 +467,14 @@ def _profile(model_file: Workload, settings: Settings) -> Profile:
         optimizer,
         policy_op_time,
     )
+    return replace(profile, notes=notes)
 
 
-def _prepared(model: torch.nn.Module, inputs: Any, dtype: torch.dtype) -> tuple[Any, Any]:
-    return cast_model(model, dtype).train(), cast_floating(inputs, dtype)
+def _prepared(
+    model: torch.nn.Module, inputs: Any, dtype: torch.dtype
+) -> tuple[Any, Any, tuple[str, ...]]:
+    inputs, notes = training_conventions(model, inputs)
+    return cast_model(model, dtype).train(), cast_floating(inputs, dtype), notes
 
 
 def _instrumented_step(
@@ -447,7 +514,7 @@ def _instrumented_step(
 
 
 def _measured_ops(
-    model_file: Workload, settings: Settings, dtype: torch.dtype, device: Any
+    model_file: Workload, settings: Settings, dtype: torch.dtype, device: Any, paths: list[str]
 ) -> tuple[OpRecorder, float]:
     """The same step run for real on this machine (outside the fake mode), every op timed,
     and the time a selective-checkpoint policy adds per op call here.
@@ -459,8 +526,8 @@ def _measured_ops(
     """
     keep_freed_host_memory()
     torch.manual_seed(0)
-    model, inputs = _prepared(model_file.build(), model_file.inputs(settings.batch_size), dtype)
-    blocks = find_blocks(model, settings.blocks)
+    model, inputs, _ = _prepared(model_file.build(), model_file.inputs(settings.batch_size), dtype)
+    blocks = [(path, model.get_submodule(path)) for path in paths]
     optimizer = make_optimizer(settings.optimizer, model)
     _plain_step(model_file, model, inputs, optimizer, settings.autocast)
     steps: list[OpRecorder] = []
@@ -657,12 +724,14 @@ def _assemble(
                 input_kept=input_kept,
                 joins_previous=call.joins_previous,
                 parameter_bytes=storage_bytes(module.parameters()),
+                trainable_bytes=_trainable_bytes(module),
                 fwd_start=base + phases[label].start,
                 fwd_peak=base + phases[label].peak,
                 fwd_peak_nograd=nograd[i],
                 bwd_start=base + phases[bwd_label].start,
                 bwd_peak=base + phases[bwd_label].peak,
                 grads_at_bwd_end=recorder.grads_at.get(f"{bwd_label}:end", 0),
+                grads_at_bwd_start=recorder.grads_at.get(f"{bwd_label}:start", 0),
                 flops_fwd=flops[label],
                 flops_bwd=flops[bwd_label],
                 time_fwd=seconds[label],
@@ -670,6 +739,7 @@ def _assemble(
                 random=label in random_phases,
                 stateful=_updates_buffers(module),
                 own_output_bytes=call.output_bytes if own_output else 0,
+                gap=_gap_after(i, recorder, phases, base),
             )
         )
     tail = tuple((base + phases[label].peak, _EVENTS[label]) for label in ("fwd:post", "bwd:post"))
@@ -691,6 +761,10 @@ def _assemble(
         settings=settings,
         blocks=tuple(profiles),
         parameter_bytes=storage_bytes(model.parameters()),
+        trainable_bytes=_trainable_bytes(model),
+        event_grads=tuple(
+            (text, recorder.grads_at.get(f"{label}:start", 0)) for label, text in _EVENTS.items()
+        ),
         optimizer_bytes=storage_bytes(optimizer_state),
         input_bytes=storage_bytes(
             t for t in pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor)
@@ -709,6 +783,25 @@ def _assemble(
             for path, m in model.named_modules()
         ),
     )
+
+
+def _gap_after(
+    index: int, recorder: _StepRecorder, phases: dict[str, Any], base: int
+) -> Gap | None:
+    """The code between block ``index`` and the next, when there is any."""
+    following = index + 1
+    if following >= len(recorder.calls) or not recorder.calls[following].gap_before:
+        return None
+    backward = phases.get(f"bwd:gap{index}")
+    return Gap(
+        fwd_peak=base + phases[f"fwd:gap{index}"].peak,
+        bwd_peak=None if backward is None else base + backward.peak,
+        bwd_grads=recorder.grads_at.get(f"bwd:gap{index}:start", 0),
+    )
+
+
+def _trainable_bytes(module: torch.nn.Module) -> int:
+    return storage_bytes(p for p in module.parameters() if p.requires_grad)
 
 
 def _updates_buffers(module: torch.nn.Module) -> bool:

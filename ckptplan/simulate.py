@@ -44,8 +44,10 @@ def _gradients_at(profile: Profile, event: str) -> int:
     for block in profile.blocks:
         if event in (f"backward of {block.path}", f"recompute of {block.path}"):
             return block.grads_at_bwd_end
+        if block.gap is not None and event.startswith(f"backward between {block.path} and "):
+            return block.gap.bwd_grads
     if event.startswith("backward after"):
-        return profile.blocks[-1].grads_at_bwd_end - profile.blocks[-1].parameter_bytes
+        return profile.blocks[-1].grads_at_bwd_end - profile.blocks[-1].gradient_bytes
     return 0
 
 

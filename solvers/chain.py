@@ -78,6 +78,10 @@ class ChainBlock:
     recomputation that ends with this block stops before them."""
     options: tuple[BlockOption, ...] = ()
     """Selective policies the block may take instead of recomputing everything."""
+    after_peaks: tuple[tuple[int, str], ...] = ()
+    """(live bytes, label) of the code between this block and the next (a stage's downsampling,
+    a second tower's embedding), in forward and in backward: checkpointing this block and the
+    blocks before it lowers them by their savings."""
 
 
 @dataclass(frozen=True)
@@ -148,7 +152,11 @@ def run_terms(
         assert end == start + 1 and not any(options), "an unchecked run is one plain block"
         b = blocks[0]
         return RunTerms(
-            events=((b.fwd_peak, f"forward of {b.name}"), (b.bwd_peak, f"backward of {b.name}")),
+            events=(
+                (b.fwd_peak, f"forward of {b.name}"),
+                (b.bwd_peak, f"backward of {b.name}"),
+                *b.after_peaks,
+            ),
             saving=0,
             recompute_time=0.0,
         )
@@ -192,6 +200,7 @@ def run_terms(
         o.recompute_time if o else b.fwd_time for o, b in zip(chosen, blocks, strict=True)
     )
     recompute -= final.tail_time if final else last.tail_time
+    events.extend((v - total, e) for v, e in last.after_peaks)
     return RunTerms(tuple(events), total, recompute)
 
 

@@ -7,8 +7,9 @@ import torch
 
 from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError
-from ckptplan.loading import load_model_file
-from ckptplan.profiler import Settings, _checkpointed, find_blocks, profile_model
+from ckptplan.loading import call_model, load_model_file
+from ckptplan.profiler import Settings, _checkpointed, profile_model
+from ckptplan.units import find_units
 from tests.conftest import MODELS, ROOT
 
 
@@ -54,11 +55,16 @@ def test_a_40gb_model_is_profiled_without_allocating_it() -> None:
 
 
 def test_blocks_pattern_overrides(tiny_gpt) -> None:
-    model = load_model_file(tiny_gpt).build()
-    assert [p for p, _ in find_blocks(model, "layers.1,layers.3")] == ["layers.1", "layers.3"]
-    assert [p for p, _ in find_blocks(model, "layers.*")][:2] == ["layers.0", "layers.1"]
+    file = load_model_file(tiny_gpt)
+    model, inputs = file.build(), file.inputs(2)
+
+    def units(pattern: str) -> list[str]:
+        return [p for p, _ in find_units(model, lambda: call_model(model, inputs), pattern)]
+
+    assert units("layers.3,layers.1") == ["layers.1", "layers.3"]
+    assert units("layers.*")[:2] == ["layers.0", "layers.1"]
     with pytest.raises(CkptplanError, match="matches no module"):
-        find_blocks(model, "decoder.*")
+        units("decoder.*")
 
 
 def test_blocks_that_do_not_chain_are_not_joined() -> None:

@@ -1,0 +1,240 @@
+"""The checkpointable units of a model: the module calls its chain is made of.
+
+A unit is one module call that torch's checkpoint can wrap: called once per step, with an
+output that needs a gradient. The default units are the repeated blocks of *every* stage of the
+module tree, in the order the step runs them, not only the children of its largest
+``ModuleList``:
+
+- a ``ModuleList``/``Sequential`` whose children with weights repeat a class offers its
+  children as units: transformer layers, ResNet bottlenecks, both towers of CLIP, the encoder
+  and the decoder of T5;
+- a unit that itself holds repeated blocks that feed one another (a ConvNeXt or Swin stage's
+  blocks, the resnets and attentions of a UNet down block) is replaced by those blocks, so no
+  unit is a whole stage when its blocks can be checkpointed one by one. Single layers (the
+  convolutions inside a block) never replace their block, and blocks that do not feed one
+  another (the experts of a mixture-of-experts layer, parallel branches) stay inside it.
+
+Which modules run, how often and in what order is read off one real (or fake) forward, so the
+order is the execution order, not the order of definition (CLIP runs its vision tower first).
+
+Example:
+    >>> import torch.nn as nn
+    >>> class Stage(nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.down = nn.Linear(4, 4)
+    ...         self.blocks = nn.Sequential(*[nn.Sequential(nn.Linear(4, 4)) for _ in range(2)])
+    ...     def forward(self, x):
+    ...         return self.blocks(self.down(x))
+    >>> model = nn.Sequential(Stage(), Stage())
+    >>> x = torch.randn(2, 4, requires_grad=True)
+    >>> [path for path, _ in find_units(model, lambda: model(x))]
+    ['0.blocks.0', '0.blocks.1', '1.blocks.0', '1.blocks.1']
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import itertools
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from ckptplan.errors import CkptplanError
+
+_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential)
+
+
+@dataclass
+class _Call:
+    """What one forward showed of a module: its first call, how often, what it read and made."""
+
+    order: int
+    count: int = 1
+    input_id: int | None = None
+    output_id: int | None = None
+    output_needs_grad: bool = False
+
+
+def _has_weights(module: torch.nn.Module) -> bool:
+    return next(module.parameters(), None) is not None
+
+
+def _is_stage(module: torch.nn.Module) -> bool:
+    """A container whose children repeat a class of modules with weights."""
+    if not isinstance(module, _CONTAINERS) or len(module) < 2:
+        return False
+    classes = Counter(type(child) for child in module if _has_weights(child))
+    return bool(classes) and classes.most_common(1)[0][1] >= 2
+
+
+def _first_tensor(tree: Any) -> torch.Tensor | None:
+    return next((t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)), None)
+
+
+@contextmanager
+def _watched(modules: dict[str, torch.nn.Module]) -> Iterator[dict[str, _Call]]:
+    """Record each module's calls while active. Tensors are compared by identity, so the
+    first input and output of every call are held until the block exits."""
+    calls: dict[str, _Call] = {}
+    held: list[torch.Tensor] = []
+    handles = []
+
+    def pre(path: str) -> Callable[..., None]:
+        def hook(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+            call = calls.get(path)
+            if call is not None:
+                call.count += 1
+                return
+            x = _first_tensor(args) if args else _first_tensor(kwargs)
+            calls[path] = _Call(order=len(calls), input_id=None if x is None else id(x))
+            if x is not None:
+                held.append(x)
+
+        return hook
+
+    def post(path: str) -> Callable[..., None]:
+        def hook(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+            call = calls[path]
+            out = _first_tensor(output)
+            if call.count == 1 and out is not None:
+                call.output_id = id(out)
+                call.output_needs_grad = out.requires_grad
+                held.append(out)
+
+        return hook
+
+    try:
+        for path, module in modules.items():
+            handles.append(module.register_forward_pre_hook(pre(path), with_kwargs=True))
+            handles.append(module.register_forward_hook(post(path), with_kwargs=True))
+        yield calls
+    finally:
+        for handle in handles:
+            handle.remove()
+        held.clear()
+
+
+def find_units(
+    model: torch.nn.Module, run_forward: Callable[[], Any], pattern: str | None = None
+) -> list[tuple[str, torch.nn.Module]]:
+    """The chain of units, in execution order: modules matching ``pattern`` (comma-separated
+    globs over module paths), or by default the repeated blocks of every stage.
+
+    ``run_forward`` runs the model's forward once (it may run a whole step).
+    """
+    modules = dict(model.named_modules())
+    if pattern is not None:
+        watched = _matching(modules, pattern)
+    else:
+        watched = {
+            f"{path}.{name}" if path else name: child
+            for path, module in modules.items()
+            if _is_stage(module)
+            for name, child in module.named_children()
+        }
+    with _watched(watched) as calls:
+        run_forward()
+    if pattern is not None:
+        ran = [path for path in watched if path in calls]
+        if not ran:
+            raise CkptplanError(f"--blocks {pattern!r} matches modules the forward never calls")
+        return [(path, modules[path]) for path in sorted(ran, key=lambda p: calls[p].order)]
+    chosen = _select("", modules, calls)
+    if not chosen:
+        raise CkptplanError(
+            f"{type(model).__name__} has no nn.ModuleList or nn.Sequential of repeated blocks "
+            "whose outputs need a gradient; name the blocks with --blocks, e.g. --blocks "
+            f"'{example_paths(model)}'"
+        )
+    return [(path, modules[path]) for path in sorted(chosen, key=lambda p: calls[p].order)]
+
+
+def _matching(modules: dict[str, torch.nn.Module], pattern: str) -> dict[str, torch.nn.Module]:
+    patterns = [p.strip() for p in pattern.split(",") if p.strip()]
+    found = [p for p in modules if p and any(fnmatch.fnmatchcase(p, g) for g in patterns)]
+    outermost = [p for p in found if not any(p.startswith(other + ".") for other in found)]
+    if not outermost:
+        raise CkptplanError(
+            f"--blocks {pattern!r} matches no module; module paths look like "
+            f"{example_paths_of(modules)}"
+        )
+    return {p: modules[p] for p in outermost}
+
+
+def _select(path: str, modules: dict[str, torch.nn.Module], calls: dict[str, _Call]) -> list[str]:
+    """The units inside the module at ``path`` (see the module docstring)."""
+    module = modules[path]
+    children = [f"{path}.{name}" if path else name for name, _ in module.named_children()]
+    if not _is_stage(module):
+        return [unit for child in children for unit in _select(child, modules, calls)]
+    units: list[str] = []
+    for child in children:
+        inner = _select(child, modules, calls)
+        blocks = all(next(modules[u].children(), None) is not None for u in inner)
+        if len(inner) >= 2 and blocks and _feed_one_another(inner, calls):
+            units += inner
+        elif _checkpointable(child, modules, calls):
+            units.append(child)
+        else:
+            units += inner
+    return units
+
+
+def _checkpointable(
+    path: str, modules: dict[str, torch.nn.Module], calls: dict[str, _Call]
+) -> bool:
+    call = calls.get(path)
+    return (
+        call is not None
+        and call.count == 1
+        and call.output_needs_grad
+        and _has_weights(modules[path])
+    )
+
+
+def _feed_one_another(units: list[str], calls: dict[str, _Call]) -> bool:
+    """Whether most units, in execution order, take their predecessor's output."""
+    ordered = sorted(units, key=lambda p: calls[p].order)
+    pairs = list(itertools.pairwise(ordered))
+    linked = sum(
+        calls[b].input_id is not None and calls[b].input_id == calls[a].output_id for a, b in pairs
+    )
+    return 2 * linked >= len(pairs)
+
+
+def example_paths(model: torch.nn.Module) -> str:
+    return example_paths_of(dict(model.named_modules()))
+
+
+def example_paths_of(modules: dict[str, torch.nn.Module]) -> str:
+    paths = [p for p in modules if p][:3]
+    return ", ".join(paths) if paths else "(the model has no submodules)"
+
+
+def describe_units(paths: list[str], classes: list[str]) -> str:
+    """The chain in one line, consecutive siblings of one class folded together.
+
+    >>> describe_units(["enc.0", "enc.1", "dec.0"], ["Layer", "Layer", "Block"])
+    'enc.0-1 x2 Layer → dec.0 Block'
+    """
+    groups: list[tuple[str, list[str], str]] = []
+    for path, cls in zip(paths, classes, strict=True):
+        parent, _, name = path.rpartition(".")
+        if groups and groups[-1][0] == parent and groups[-1][2] == cls:
+            groups[-1][1].append(name)
+        else:
+            groups.append((parent, [name], cls))
+    parts = []
+    for parent, names, cls in groups:
+        prefix = f"{parent}." if parent else ""
+        if len(names) == 1:
+            parts.append(f"{prefix}{names[0]} {cls}")
+        else:
+            parts.append(f"{prefix}{names[0]}-{names[-1]} x{len(names)} {cls}")
+    return " → ".join(parts)
