@@ -16,7 +16,7 @@ import torch
 
 from ckptplan.budget import format_budget_at_least, format_bytes, parse_budget
 from ckptplan.distributed import per_rank
-from ckptplan.errors import CkptplanError
+from ckptplan.errors import BelowLeastPeak, CkptplanError
 from ckptplan.loading import Inputs, LiveModel, Workload, load_model_file
 from ckptplan.measure import Verification, fake_run_peak, verify_plan
 from ckptplan.opgraph import GapReport, optimality_gap
@@ -29,6 +29,10 @@ from ckptplan.solvers.chain import Chain, InfeasibleBudget, Schedule
 from ckptplan.solvers.selective import Selection
 
 ModelArg = torch.nn.Module | str | Path
+
+FAKE_RUN_TRIES = 4
+"""Solves whose plan the fake run checks; each retry takes the overshoot (doubled each time)
+off the solver's target."""
 
 
 def _workload(
@@ -115,34 +119,43 @@ def solve(
         base = run_solver(name, chain, None, **options)
         baselines[base.solver] = predict(prof, chain, base, scope).to_json()
     target = budget_bytes
-    for _ in range(3):
+    for attempt in range(FAKE_RUN_TRIES):
         try:
             schedule = run_solver(solver, chain, target, **options)
         except InfeasibleBudget as exc:
-            least = exc.least_peak + (budget_bytes - target)
+            least = exc.least_peak
+            if fake_run and parallel is None:
+                smallest = run_solver(solver, chain, exc.least_peak, **options)
+                least_plan = plan_from_schedule(prof, chain, smallest, "", least, scope, menus)
+                least = max(least, fake_run_peak(workload, least_plan))
             raise _below_least_peak(budget_bytes, least, prof, solver, scope) from None
         plan = plan_from_schedule(prof, chain, schedule, parsed.text, budget_bytes, scope, menus)
         plan = replace(
             plan, settings={**plan.settings, "world_size": world_size, "parallel": parallel}
         )
         plan.baselines.update(baselines)
-        if not fake_run or scope != "step" or parallel is not None:
+        if not fake_run or parallel is not None:
             return plan
         confirmed = fake_run_peak(workload, plan)
         plan.predicted["fake_run_peak_bytes"] = confirmed
         if confirmed <= budget_bytes or solver not in ("dp", "auto"):
             return plan
-        target -= confirmed - budget_bytes
-    return plan
+        target -= (confirmed - budget_bytes) * 2**attempt
+    raise CkptplanError(
+        f"the checkpointed step, run on fake tensors, exceeds the budget "
+        f"{format_bytes(budget_bytes)} with every plan {solver} found for it (last: "
+        f"{format_bytes(confirmed)}); use --budget {format_budget_at_least(confirmed)} or more"
+    )
 
 
 def _below_least_peak(
     budget: int, least: int, prof: Profile, solver: str, scope: str
-) -> CkptplanError:
-    return CkptplanError(
+) -> BelowLeastPeak:
+    return BelowLeastPeak(
         f"budget {format_bytes(budget)} is below the least feasible peak {format_bytes(least)} "
         f"of {prof.model_name} with solver {solver} (scope {scope}); use --budget "
-        f"{format_budget_at_least(least)} or more"
+        f"{format_budget_at_least(least)} or more",
+        least,
     )
 
 
@@ -217,7 +230,7 @@ def plan_from_schedule(
         inputs=prof.inputs,
         budget={"text": budget_text, "bytes": budget_bytes, "scope": scope},
         solver=schedule.solver,
-        settings={**asdict(prof.settings), "scope": scope},
+        settings={**asdict(prof.settings), "scope": scope, "notes": list(prof.notes)},
         blocks=tuple(b.path for b in prof.blocks),
         regions=tuple(
             Region(

@@ -11,7 +11,8 @@ import importlib.util
 import inspect
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -147,8 +148,47 @@ class _ValuesReadAsZero(TorchDispatchMode):
 
 def build_fake(workload: Workload) -> torch.nn.Module:
     """Build the model inside an active ``FakeTensorMode`` (weights are never computed)."""
-    with _ValuesReadAsZero():
+    with _ValuesReadAsZero(), _fake_module_conversion():
         return workload.build()
+
+
+@contextmanager
+def _fake_module_conversion() -> Iterator[None]:
+    """``Module.to``/``.float()`` that work on fake parameters while a model is built.
+
+    torch converts a fake parameter by swapping it with its converted copy, and refuses the
+    swap whenever a weak reference to it exists, which the fake mode itself keeps: PEFT's
+    ``get_peft_model`` (it moves each adapter to its base layer's device) and any ``.to()`` in
+    a model's constructor then fail. Here a conversion that changes nothing keeps the
+    parameter, and one that changes it replaces it by a new parameter, tied ones once.
+    """
+    original = torch.nn.Module._apply
+
+    def convert(module: torch.nn.Module, fn: Callable[[Any], Any], recurse: bool = True) -> Any:
+        converted: dict[int, torch.nn.Parameter] = {}
+        for each in module.modules() if recurse else (module,):
+            for key, param in each._parameters.items():
+                if param is None:
+                    continue
+                if id(param) not in converted:
+                    with torch.no_grad():
+                        applied = fn(param)
+                    converted[id(param)] = (
+                        param
+                        if applied is param
+                        else torch.nn.Parameter(applied, requires_grad=param.requires_grad)
+                    )
+                each._parameters[key] = converted[id(param)]
+            for key, buffer in each._buffers.items():
+                if buffer is not None:
+                    each._buffers[key] = fn(buffer)
+        return module
+
+    torch.nn.Module._apply = convert  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.nn.Module._apply = original  # type: ignore[method-assign]
 
 
 def default_loss(output: Any) -> torch.Tensor:

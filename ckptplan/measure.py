@@ -13,11 +13,17 @@ from __future__ import annotations
 import copy
 import statistics
 import time
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+)
 
 from ckptplan.loading import Workload, build_fake, call_model
 from ckptplan.memtrack import LiveStorageTracker, keep_freed_host_memory, storage_bytes
@@ -30,6 +36,7 @@ from ckptplan.training import (
     make_optimizer,
     parse_dtype,
     persistent_tensors,
+    training_conventions,
 )
 from ckptplan.wrapping import apply
 
@@ -96,20 +103,29 @@ def _step(model_file: Workload, run: _Run, seed: int) -> None:
         run.model.zero_grad(set_to_none=True)
 
 
-def _peak(model_file: Workload, run: _Run, device: torch.device) -> int:
-    """Peak bytes of one steady-state step."""
+def _peak(model_file: Workload, run: _Run, device: torch.device, scope: str = "step") -> int:
+    """Peak bytes of one steady-state step; in scope ``activations`` without the parameters,
+    optimizer state and batch, and on CPU without each gradient from the moment it exists."""
     _step(model_file, run, seed=1)
+    persistent = persistent_tensors(run.model, run.optimizer, run.inputs)
+    outside = storage_bytes(persistent) if scope == "activations" else 0
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         _step(model_file, run, seed=2)
         torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device)
-    persistent = persistent_tensors(run.model, run.optimizer, run.inputs)
+        return torch.cuda.max_memory_allocated(device) - outside
     tracker = LiveStorageTracker(exclude=persistent)
+    hooks = [
+        p.register_post_accumulate_grad_hook(lambda p: tracker.forget(p.grad))
+        for p in run.model.parameters()
+        if p.requires_grad and scope == "activations"
+    ]
     with tracker:
         _step(model_file, run, seed=2)
-    return storage_bytes(persistent) + tracker.peak
+    for hook in hooks:
+        hook.remove()
+    return storage_bytes(persistent) - outside + tracker.peak
 
 
 def _grads(
@@ -136,7 +152,7 @@ def _timed(model_file: Workload, run: _Run, device: torch.device) -> float:
 
 
 @dataclass(frozen=True)
-class _Comparison:
+class Comparison:
     measured_peak_bytes: int
     baseline_peak_bytes: int
     step_time_s: float
@@ -172,7 +188,7 @@ def _compare(
     inputs: Any,
     target: torch.device,
     repeats: int,
-) -> _Comparison:
+) -> Comparison:
     """Gradients, steady-state peak and median step time of ``candidate`` against the baseline."""
     autocast = settings.get("autocast")
     reference = _grads(model_file, baseline_model, inputs, autocast)
@@ -187,12 +203,13 @@ def _compare(
         name: _Run(model, make_optimizer(optimizer_name, model), inputs, autocast)
         for name, model in (("baseline", baseline_model), ("candidate", candidate))
     }
-    peaks = {name: _peak(model_file, run, target) for name, run in runs.items()}
+    scope = settings.get("scope", "step")
+    peaks = {name: _peak(model_file, run, target, scope) for name, run in runs.items()}
     if target.type == "cpu":
         keep_freed_host_memory()
     times = _paired_times(model_file, runs, target, repeats)
     ratios = _pair_ratios(times)
-    return _Comparison(
+    return Comparison(
         measured_peak_bytes=peaks["candidate"],
         baseline_peak_bytes=peaks["baseline"],
         step_time_s=statistics.median(times["candidate"]),
@@ -208,9 +225,10 @@ def _baseline(
 ) -> tuple[torch.nn.Module, Any, torch.dtype]:
     dtype = parse_dtype(settings.get("dtype", "fp32"))
     torch.manual_seed(0)
-    model = cast_model(model_file.build(), dtype).to(device=target).train()
+    model = model_file.build()
     torch.manual_seed(0)
-    inputs = model_file.inputs(settings.get("batch_size"))
+    inputs, _ = training_conventions(model, model_file.inputs(settings.get("batch_size")))
+    model = cast_model(model, dtype).to(device=target).train()
     return model, cast_floating(_to_device(inputs, target), dtype), dtype
 
 
@@ -274,13 +292,29 @@ class _Partitioned(torch.nn.Module):
         return self.compiled({**self.params, **self.buffers_}, *args, **kwargs)
 
 
+def measure_change(
+    model_file: Workload,
+    settings: dict[str, Any],
+    change: Callable[[torch.nn.Module], torch.nn.Module],
+    device: str | None = None,
+    repeats: int = 3,
+) -> Comparison:
+    """A peer strategy measured like a plan: ``change`` turns a copy of the model into the
+    candidate (Hugging Face's ``gradient_checkpointing_enable``, a hand-written wrapper), and
+    the candidate's peak, time and gradients are compared with the unchanged model's."""
+    target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    baseline_model, inputs, _ = _baseline(model_file, settings, target)
+    candidate = change(copy.deepcopy(baseline_model))
+    return _compare(model_file, settings, baseline_model, candidate, inputs, target, repeats)
+
+
 def measure_compile_budget(
     model_file: Workload,
     settings: dict[str, Any],
     memory_budget: float,
     device: str | None = None,
     repeats: int = 3,
-) -> _Comparison:
+) -> Comparison:
     """``torch.compile``'s ``activation_memory_budget`` peer, measured like a plan.
 
     AOTAutograd's min-cut partitioner chooses what to recompute under the budget; it runs here
@@ -303,16 +337,27 @@ def fake_run_peak(model_file: Workload, plan: Plan) -> int:
     This runs the real checkpointed code (``apply``, ``torch.utils.checkpoint``) and counts
     live storages, so it confirms the chain model's prediction without a device.
     """
+    try:
+        return _checkpointed_step_peak(model_file, plan, real=False)
+    except (DataDependentOutputException, DynamicOutputShapeException):
+        return _checkpointed_step_peak(model_file, plan, real=True)
+
+
+def _checkpointed_step_peak(model_file: Workload, plan: Plan, real: bool) -> int:
+    """The plan's step peak on fake tensors, or for a step that reads tensor values (token
+    routing) a real one on this machine's CPU, as the profile then took."""
     settings = plan.settings
     dtype = parse_dtype(settings.get("dtype", "fp32"))
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    with nullcontext() if real else FakeTensorMode(allow_non_fake_inputs=True):
         torch.manual_seed(0)
-        model = cast_model(build_fake(model_file), dtype).train()
+        model = model_file.build() if real else build_fake(model_file)
+        inputs, _ = training_conventions(model, model_file.inputs(settings.get("batch_size")))
+        model = cast_model(model, dtype).train()
         apply(model, plan, force=True)
-        inputs = cast_floating(model_file.inputs(settings.get("batch_size")), dtype)
+        inputs = cast_floating(inputs, dtype)
         optimizer = make_optimizer(settings.get("optimizer", "adamw"), model)
         run = _Run(model, optimizer, inputs, settings.get("autocast"))
-        return _peak(model_file, run, torch.device("cpu"))
+        return _peak(model_file, run, torch.device("cpu"), settings.get("scope", "step"))
 
 
 def _to_device(tree: Any, device: torch.device) -> Any:

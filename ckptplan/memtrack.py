@@ -116,6 +116,13 @@ class LiveStorageTracker(TorchDispatchMode):
         """Start a new phase now."""
         self.phases.append(Phase(label, self.live, self.live))
 
+    def forget(self, tensor: torch.Tensor) -> None:
+        """Stop counting ``tensor``'s storage from now on (a gradient, outside an activations
+        budget); the peaks already reached stay."""
+        key = storage_key(tensor)
+        self.live -= self._sizes.pop(key, 0)
+        self._known.add(key)
+
     def size_of(self, key: int) -> int:
         return self._sizes.get(key, 0)
 

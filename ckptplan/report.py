@@ -10,6 +10,7 @@ from rich.table import Table
 
 from ckptplan.budget import format_bytes
 from ckptplan.plan import Plan
+from ckptplan.units import describe_units
 
 
 def _regions_text(plan: Plan) -> str:
@@ -55,6 +56,8 @@ def show_plan(plan: Plan, console: Console) -> None:
                 else ""
             )
         )
+    for note in plan.settings.get("notes", ()):
+        console.print(f"note: {note}")
     console.print(f"checkpointed regions ({len(plan.regions)}): {_regions_text(plan)}")
     if p.get("offloaded_bytes"):
         console.print(
@@ -194,12 +197,22 @@ def show_profile(profile: Any, console: Console, depth: int = 2, top: int = 10) 
             _seconds(row["time_bwd_s"]),
         )
     console.print(table)
+    for note in profile.notes:
+        console.print(f"note: {note}")
+    units = describe_units([b.path for b in profile.blocks], [b.class_name for b in profile.blocks])
+    console.print(f"planned units, in execution order: {units}")
     blocks = Table(title=f"the chain: {len(profile.blocks)} blocks")
     for column in ("block", "saved", "input kept", "fwd peak", "bwd peak", "joins", "flags"):
         blocks.add_column(column, justify="left" if column in ("block", "flags") else "right")
     for b in profile.blocks:
         flags = ", ".join(
-            name for name, on in (("random", b.random), ("updates buffers", b.stateful)) if on
+            name
+            for name, on in (
+                ("random", b.random),
+                ("updates buffers", b.stateful),
+                ("code follows", b.gap is not None),
+            )
+            if on
         )
         blocks.add_row(
             b.path,

@@ -46,7 +46,7 @@ from torch.utils.checkpoint import (
 from ckptplan.errors import CkptplanError
 from ckptplan.fingerprint import check_model_matches
 from ckptplan.plan import Plan, Region, as_plan
-from ckptplan.training import first_tensor
+from ckptplan.training import first_tensor, training_conventions
 
 log = logging.getLogger("ckptplan")
 
@@ -561,16 +561,16 @@ def _refuse_wrapped(model: torch.nn.Module) -> None:
 
         if any(isinstance(m, FSDPModule | FullyShardedDataParallel) for m in model.modules()):
             raise CkptplanError(f"apply the plan before fully_shard (FSDP): {order}")
-    flag = (
-        "is_activation_checkpointing"
-        if hasattr(type(model), "is_activation_checkpointing")
-        else "is_gradient_checkpointing"
-    )
-    if getattr(model, flag, False):
-        raise CkptplanError(
-            "the model already has Hugging Face gradient checkpointing on, so the plan would "
-            "checkpoint twice; call model.gradient_checkpointing_disable() before applying it"
-        )
+    for module in model.modules():
+        current = hasattr(type(module), "is_activation_checkpointing")
+        flag = "is_activation_checkpointing" if current else "is_gradient_checkpointing"
+        declared = hasattr(type(module), flag) or flag in vars(module)
+        if declared and getattr(module, flag) is True:
+            disable = "activation" if current else "gradient"
+            raise CkptplanError(
+                "the model already has Hugging Face checkpointing on, so the plan would "
+                f"checkpoint twice; call model.{disable}_checkpointing_disable() before applying it"
+            )
 
 
 def _check_region(region: Region, modules: dict[str, torch.nn.Module], used: set[str]) -> None:
@@ -669,6 +669,8 @@ def apply(model: torch.nn.Module, plan: Plan | str | Path, force: bool = False) 
         )
     _refuse_wrapped(model)
     check_model_matches(model, plan, force)
+    for note in training_conventions(model)[1]:
+        log.warning("ckptplan.apply: %s", note)
     applied = AppliedPlan(
         regions=tuple(r.modules for r in plan.regions),
         solver=plan.solver,
