@@ -1,12 +1,13 @@
 """The ``ckptplan`` command: a thin shell over the Python API.
 
 Torch is imported inside the commands that need it, so ``ckptplan remat`` and ``ckptplan show``
-start fast. A user error prints one line, ``error: ...``, and exits with status 2.
+start fast. A user error prints one line, ``error: ...``, and exits with status 2; any other
+failure (a bug in ckptplan or torch) prints one line, ``internal error: ...``, and exits with
+status 3. ``--debug`` (or ``CKPTPLAN_DEBUG=1``) adds the traceback.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from collections.abc import Callable
@@ -16,41 +17,35 @@ import click
 from rich.console import Console
 
 from ckptplan import __version__
+from ckptplan.boundary import EXIT_INTERNAL_ERROR, Boundary, report_internal, user_errors
 from ckptplan.devices import DEVICES
-from ckptplan.errors import CkptplanError
+from ckptplan.errors import DEBUG_ENV
 from ckptplan.options import DTYPES, OPTIMIZERS, SCOPES
 from ckptplan.remat_command import remat
 from ckptplan.solvers import SOLVERS
-
-
-class UserError(click.ClickException):
-    """A CkptplanError as click shows it: one line on stderr, exit status 2."""
-
-    exit_code = 2
-
-    def show(self, file: Any = None) -> None:
-        click.echo(f"error: {self.message}", err=True)
-
-
-def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(command)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return command(*args, **kwargs)
-        except CkptplanError as exc:
-            raise UserError(str(exc)) from None
-
-    return wrapper
 
 
 def _print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2))
 
 
-@click.group()
+@click.group(cls=Boundary)
+@click.option(
+    "--debug",
+    is_flag=True,
+    help=f"On an error, print the traceback too (or set {DEBUG_ENV}=1).",
+)
 @click.version_option(__version__, prog_name="ckptplan")
-def cli() -> None:
-    """Find the best activation-checkpointing plan for a PyTorch model, and apply it."""
+def cli(debug: bool) -> None:
+    """Find the best activation-checkpointing plan for a PyTorch model, and apply it.
+
+    \b
+    Exit status:
+      0  success
+      1  a check failed: verify measured a peak over budget or differing gradients
+      2  bad input (the model file, the plan, an option), stated in one line
+      3  internal error: a bug in ckptplan or torch (--debug for the traceback)
+    """
 
 
 _model_options = [
@@ -478,4 +473,8 @@ cli.add_command(remat)
 
 
 def main() -> None:
-    cli()
+    try:
+        cli()
+    except Exception as exc:  # raised outside any command (click's own setup): still one line
+        report_internal(exc)
+        sys.exit(EXIT_INTERNAL_ERROR)
