@@ -1,6 +1,7 @@
 """The one exception type users see: its message is a complete one-line diagnosis."""
 
 import os
+import traceback
 
 DEBUG_ENV = "CKPTPLAN_DEBUG"
 
@@ -27,3 +28,16 @@ def debug_enabled() -> bool:
     the causes of a ``CkptplanError`` (``raise ... from exc`` instead of ``from None``).
     """
     return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def raised_by_ckptplan(exc: BaseException) -> bool:
+    """Whether the deepest frame outside torch is ckptplan's own (a bug here, not in the
+    model's code or in what fake tensors support). ckptplan's dispatch modes pass every op
+    through, so an op that fails inside one is not counted as theirs."""
+    owners = [
+        str(frame.f_globals.get("__name__", "")).partition(".")[0]
+        for frame, _ in traceback.walk_tb(exc.__traceback__)
+        if frame.f_code.co_name != "__torch_dispatch__"
+    ]
+    outside_torch = [owner for owner in owners if owner != "torch"]
+    return bool(outside_torch) and outside_torch[-1] == "ckptplan"

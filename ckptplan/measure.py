@@ -19,12 +19,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import (
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-    FakeTensorMode,
-)
+from torch._subclasses.fake_tensor import FakeTensorMode
 
+from ckptplan.errors import CkptplanError, raised_by_ckptplan
 from ckptplan.loading import Workload, build_fake, call_model
 from ckptplan.memtrack import LiveStorageTracker, keep_freed_host_memory, storage_bytes
 from ckptplan.plan import Plan
@@ -32,6 +29,7 @@ from ckptplan.training import (
     autocast_context,
     cast_floating,
     cast_model,
+    fits_real_step,
     input_tensors,
     make_optimizer,
     parse_dtype,
@@ -339,12 +337,18 @@ def fake_run_peak(model_file: Workload, plan: Plan) -> int:
     """
     try:
         return _checkpointed_step_peak(model_file, plan, real=False)
-    except (DataDependentOutputException, DynamicOutputShapeException):
+    except CkptplanError:
+        raise
+    except Exception as exc:
+        # The profile took a real step for such a model; a real error shows again there.
+        size = 4 * int(plan.fingerprint.get("parameters", 0))
+        if raised_by_ckptplan(exc) or not fits_real_step(size):
+            raise
         return _checkpointed_step_peak(model_file, plan, real=True)
 
 
 def _checkpointed_step_peak(model_file: Workload, plan: Plan, real: bool) -> int:
-    """The plan's step peak on fake tensors, or for a step that reads tensor values (token
+    """The plan's step peak on fake tensors, or for a step fake tensors cannot run (token
     routing) a real one on this machine's CPU, as the profile then took."""
     settings = plan.settings
     dtype = parse_dtype(settings.get("dtype", "fp32"))

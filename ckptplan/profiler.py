@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import statistics
 import time
-import traceback
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -42,7 +41,7 @@ from torch.utils.module_tracker import ModuleTracker
 
 from ckptplan.costs import OpRecord, OpRecorder, block_forward_records, replayed_count
 from ckptplan.devices import get_device
-from ckptplan.errors import CkptplanError
+from ckptplan.errors import CkptplanError, raised_by_ckptplan
 from ckptplan.fingerprint import inputs_signature, model_fingerprint
 from ckptplan.loading import Workload, build_fake, call_model, describe_exception
 from ckptplan.memtrack import (
@@ -56,6 +55,7 @@ from ckptplan.training import (
     cast_floating,
     cast_model,
     first_tensor,
+    fits_real_step,
     make_optimizer,
     parse_dtype,
     persistent_tensors,
@@ -366,63 +366,50 @@ def profile_model(model_file: Workload, settings: Settings) -> Profile:
     except CkptplanError:
         raise
     except Exception as exc:
-        if _raised_by_ckptplan(exc):
+        if raised_by_ckptplan(exc):
             raise
         file = getattr(model_file, "path", None)
         raise CkptplanError(
-            f"running {model_file.name} on fake tensors failed: {describe_exception(exc, file)}"
+            f"running {model_file.name} failed: {describe_exception(exc, file)}"
         ) from None
     finally:
         fake_tensor_log.setLevel(level)
 
 
-def _raised_by_ckptplan(exc: BaseException) -> bool:
-    """Whether the deepest frame outside torch is ckptplan's own (a bug here, not in the
-    model's code or in what fake tensors support). ckptplan's dispatch modes pass every op
-    through, so an op that fails inside one is not counted as theirs."""
-    owners = [
-        str(frame.f_globals.get("__name__", "")).partition(".")[0]
-        for frame, _ in traceback.walk_tb(exc.__traceback__)
-        if frame.f_code.co_name != "__torch_dispatch__"
-    ]
-    outside_torch = [owner for owner in owners if owner != "torch"]
-    return bool(outside_torch) and outside_torch[-1] == "ckptplan"
-
-
-class _DataDependent(Exception):
-    """The step reads tensor values (``nonzero``, routing), which fake tensors do not have."""
+class _FakeStepFailed(Exception):
+    """Fake tensors cannot run the step: it reads tensor values (``nonzero``, token routing)
+    or an op's fake kernel refuses what its CPU kernel runs (``_grouped_mm`` in fp32)."""
 
     def __init__(self, cause: Exception, parameter_bytes: int) -> None:
         super().__init__(str(cause))
-        self.op = str(getattr(cause, "func", "") or type(cause).__name__)
+        self.cause = cause
         self.parameter_bytes = parameter_bytes
 
-
-_DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
-
-REAL_STEP_MEMORY_FACTOR = 8
-"""A real step is taken only if this many times the parameter bytes fit in free memory
-(parameters, gradients and AdamW's two moments are four; activations and slack the rest)."""
+    def reason(self, file: Path | None) -> str:
+        if isinstance(self.cause, DataDependentOutputException | DynamicOutputShapeException):
+            op = getattr(self.cause, "func", None) or type(self.cause).__name__
+            return f"{op} depends on tensor values"
+        return f"fake tensors cannot run it ({describe_exception(self.cause, file)})"
 
 
 def _profile(model_file: Workload, settings: Settings) -> Profile:
-    """The fake step, or a real one on this machine when the step reads tensor values (the
-    token routing of a mixture of experts, ``nonzero``) and the model fits here."""
+    """The fake step, or a real one on this machine when fake tensors cannot run the step
+    (the token routing of a mixture of experts, ``nonzero``) and the model fits here. A real
+    step that fails too is reported as the model's error."""
     try:
         return _profile_step(model_file, settings, real=False)
-    except _DataDependent as exc:
-        free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-        if exc.parameter_bytes * REAL_STEP_MEMORY_FACTOR > free:
+    except _FakeStepFailed as failed:
+        file = getattr(model_file, "path", None)
+        if not fits_real_step(failed.parameter_bytes):
             raise CkptplanError(
-                f"{model_file.name} runs {exc.op}, whose output depends on tensor values, so "
-                "it cannot be profiled on fake tensors, and it is too large for a real step "
-                f"here ({exc.parameter_bytes / 2**30:.1f} GiB of parameters); profile a "
-                "smaller configuration of it"
+                f"{model_file.name} cannot be profiled on fake tensors: {failed.reason(file)}; "
+                f"and it is too large for a real step here ({failed.parameter_bytes / 2**30:.1f}"
+                " GiB of parameters): profile a smaller configuration of it"
             ) from None
         profile = _profile_step(model_file, settings, real=True)
         note = (
-            f"profiled with a real step on this machine: {exc.op} depends on tensor values, "
-            "so sizes (e.g. tokens per expert) are those this batch and these weights give"
+            f"profiled with a real step on this machine: {failed.reason(file)}; sizes that "
+            "depend on values (e.g. tokens per expert) are those this batch and these weights give"
         )
         return replace(profile, notes=(*profile.notes, note))
 
@@ -448,8 +435,12 @@ def _profile_step(model_file: Workload, settings: Settings, real: bool) -> Profi
                 model_file, model, inputs, optimizer, blocks, ops, settings.autocast
             )
             nograd = _nograd_transients(model, inputs, blocks, persistent, settings.autocast)
-        except _DATA_DEPENDENT as exc:
-            raise _DataDependent(exc, storage_bytes(model.parameters())) from None
+        except CkptplanError:
+            raise
+        except Exception as exc:
+            if real or raised_by_ckptplan(exc):
+                raise
+            raise _FakeStepFailed(exc, storage_bytes(model.parameters())) from None
     policy_op_time = device.policy_op_time
     if settings.measure:
         paths = [path for path, _ in blocks]

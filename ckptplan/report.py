@@ -56,6 +56,9 @@ def show_plan(plan: Plan, console: Console) -> None:
                 else ""
             )
         )
+    console.print(
+        f"units, in execution order: {describe_units(list(plan.blocks), [''] * len(plan.blocks))}"
+    )
     for note in plan.settings.get("notes", ()):
         console.print(f"note: {note}")
     console.print(f"checkpointed regions ({len(plan.regions)}): {_regions_text(plan)}")

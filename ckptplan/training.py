@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -12,6 +13,16 @@ from ckptplan.errors import CkptplanError
 from ckptplan.options import OPTIMIZERS
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+REAL_STEP_MEMORY_FACTOR = 8
+"""A real step is taken only if this many times the parameter bytes fit in free memory
+(parameters, gradients and AdamW's two moments are four; activations and slack the rest)."""
+
+
+def fits_real_step(parameter_bytes: int) -> bool:
+    """Whether a real training step of a model this size fits this machine's free memory."""
+    free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    return parameter_bytes * REAL_STEP_MEMORY_FACTOR <= free
 
 
 def make_optimizer(name: str, model: torch.nn.Module) -> torch.optim.Optimizer | None:

@@ -233,8 +233,6 @@ def describe_units(paths: list[str], classes: list[str]) -> str:
     parts = []
     for parent, names, cls in groups:
         prefix = f"{parent}." if parent else ""
-        if len(names) == 1:
-            parts.append(f"{prefix}{names[0]} {cls}")
-        else:
-            parts.append(f"{prefix}{names[0]}-{names[-1]} x{len(names)} {cls}")
+        run = names[0] if len(names) == 1 else f"{names[0]}-{names[-1]} x{len(names)}"
+        parts.append(f"{prefix}{run} {cls}".rstrip())
     return " → ".join(parts)
