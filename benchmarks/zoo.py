@@ -214,10 +214,17 @@ def main() -> None:
             print(json.dumps(row), flush=True)
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
+    ran = {(r["model"], r["scope"]) for r in rows}
+    if output.exists():  # a run of some models updates their rows and keeps the others
+        earlier = json.loads(output.read_text())["rows"]
+        rows = sorted(
+            [r for r in earlier if (r["model"], r["scope"]) not in ran] + rows,
+            key=lambda r: (r["model"], r["scope"] != "step"),
+        )
     output.write_text(json.dumps({"threads": 1, "rows": rows}, indent=2) + "\n")
     output.with_suffix(".md").write_text(summary(rows))
     print(summary(rows))
-    sys.exit(0 if all("error" not in r for r in rows) else 1)
+    sys.exit(0 if all("error" not in r for r in rows if (r["model"], r["scope"]) in ran) else 1)
 
 
 if __name__ == "__main__":
