@@ -22,6 +22,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ckptplan.errors import CkptplanError, raised_by_ckptplan
+from ckptplan.fakepaths import real_step_paths
 from ckptplan.loading import Workload, build_fake, call_model
 from ckptplan.memtrack import LiveStorageTracker, keep_freed_host_memory, storage_bytes
 from ckptplan.plan import Plan
@@ -361,7 +362,8 @@ def _checkpointed_step_peak(model_file: Workload, plan: Plan, real: bool) -> int
         inputs = cast_floating(inputs, dtype)
         optimizer = make_optimizer(settings.get("optimizer", "adamw"), model)
         run = _Run(model, optimizer, inputs, settings.get("autocast"))
-        return _peak(model_file, run, torch.device("cpu"), settings.get("scope", "step"))
+        with real_step_paths(inputs):
+            return _peak(model_file, run, torch.device("cpu"), settings.get("scope", "step"))
 
 
 def _to_device(tree: Any, device: torch.device) -> Any:

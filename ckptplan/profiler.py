@@ -42,6 +42,7 @@ from torch.utils.module_tracker import ModuleTracker
 from ckptplan.costs import OpRecord, OpRecorder, block_forward_records, replayed_count
 from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError, raised_by_ckptplan
+from ckptplan.fakepaths import real_step_paths
 from ckptplan.fingerprint import inputs_signature, model_fingerprint
 from ckptplan.loading import Workload, build_fake, call_model, describe_exception
 from ckptplan.memtrack import (
@@ -417,11 +418,15 @@ def _profile(model_file: Workload, settings: Settings) -> Profile:
 def _profile_step(model_file: Workload, settings: Settings, real: bool) -> Profile:
     device = get_device(settings.device)
     dtype = parse_dtype(settings.dtype)
-    with nullcontext() if real else FakeTensorMode(allow_non_fake_inputs=True):
+    with (
+        nullcontext() if real else FakeTensorMode(allow_non_fake_inputs=True),
+        ExitStack() as paths,
+    ):
         torch.manual_seed(0)
         model = model_file.build() if real else build_fake(model_file)
         inputs = model_file.inputs(settings.batch_size)
         model, inputs, notes = _prepared(model, inputs, dtype)
+        paths.enter_context(real_step_paths(inputs))
         optimizer = make_optimizer(settings.optimizer, model)
         try:
             blocks = find_units(
