@@ -231,3 +231,33 @@ def test_a_kept_output_costs_memory_inside_a_segment_only() -> None:
     assert alone.peak == simulate(chain, [(0, 1)]).peak, "the segment's output lives on anyway"
     kept = run_terms(chain, 0, 2, True, [blocks[0].options[0], blocks[1].options[0]]).saving
     assert kept == run_terms(chain, 0, 2, True).saving - blocks[0].output_bytes
+
+
+def test_code_between_blocks_is_lowered_by_the_checkpoints_before_it() -> None:
+    """A stage's downsampling runs unchecked between two blocks that cannot share a region;
+    its peak drops by the savings of the checkpointed blocks before it, and only by those."""
+    blocks = tuple(
+        ChainBlock(
+            f"b{i}",
+            fwd_time=1.0,
+            input_bytes=10,
+            saved_bytes=30,
+            input_kept=True,
+            fwd_start=100 + 40 * i,
+            fwd_peak=150 + 40 * i,
+            fwd_peak_nograd=20,
+            bwd_start=140 + 40 * i,
+            bwd_peak=170 + 40 * i,
+            joins_previous=i != 2,
+            after_peaks=((400, "downsampling"),) if i == 1 else (),
+        )
+        for i in range(4)
+    )
+    chain = Chain(blocks)
+    assert simulate(chain, []).peak_event == "downsampling"
+    first_stage = simulate(chain, [(0, 2)])
+    second_stage = simulate(chain, [(2, 4)])
+    assert first_stage.peak < 400 == second_stage.peak
+    with pytest.raises(ValueError, match="cannot join"):
+        simulate(chain, [(1, 3)])
+    assert solve(chain, budget=399).segments[0][0] < 2
