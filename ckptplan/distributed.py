@@ -159,6 +159,7 @@ class _FsdpRank:
             bwd_peak=b.bwd_peak + self.shift + self.backward_set - saved,
             grads_at_bwd_end=b.grads_at_bwd_end - saved,
             grads_at_bwd_start=max(0, b.grads_at_bwd_start - saved),
+            grads_at_bwd_peak=max(0, b.grads_at_bwd_peak - saved),
             gap=_shifted(
                 b.gap,
                 self.shift + self.forward_set + 2 * self.p,

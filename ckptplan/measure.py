@@ -24,7 +24,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ckptplan.errors import CkptplanError, raised_by_ckptplan
 from ckptplan.fakepaths import real_step_paths
 from ckptplan.loading import Workload, build_fake, call_model
-from ckptplan.memtrack import LiveStorageTracker, keep_freed_host_memory, storage_bytes
+from ckptplan.memtrack import (
+    LiveStorageTracker,
+    gradients_counted,
+    keep_freed_host_memory,
+    storage_bytes,
+)
 from ckptplan.plan import Plan
 from ckptplan.training import (
     autocast_context,
@@ -104,7 +109,8 @@ def _step(model_file: Workload, run: _Run, seed: int) -> None:
 
 def _peak(model_file: Workload, run: _Run, device: torch.device, scope: str = "step") -> int:
     """Peak bytes of one steady-state step; in scope ``activations`` without the parameters,
-    optimizer state and batch, and on CPU without each gradient from the moment it exists."""
+    optimizer state and batch, and on CPU without each gradient from the moment it exists
+    (on CUDA the gradients stay in: an upper bound)."""
     _step(model_file, run, seed=1)
     persistent = persistent_tensors(run.model, run.optimizer, run.inputs)
     outside = storage_bytes(persistent) if scope == "activations" else 0
@@ -115,16 +121,11 @@ def _peak(model_file: Workload, run: _Run, device: torch.device, scope: str = "s
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - outside
     tracker = LiveStorageTracker(exclude=persistent)
-    hooks = [
-        p.register_post_accumulate_grad_hook(lambda p: tracker.forget(p.grad))
-        for p in run.model.parameters()
-        if p.requires_grad and scope == "activations"
-    ]
-    with tracker:
+    with tracker, gradients_counted(run.model, tracker):
         _step(model_file, run, seed=2)
-    for hook in hooks:
-        hook.remove()
-    return storage_bytes(persistent) - outside + tracker.peak
+    if scope == "activations":
+        return tracker.activation_peak
+    return storage_bytes(persistent) + tracker.peak
 
 
 def _grads(

@@ -12,11 +12,12 @@ it; ``real_storage_bytes`` adds what such kernels are measured to hold (see ``_U
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import math
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,6 +96,10 @@ class Phase:
     label: str
     start: int
     peak: int
+    gradients_at_start: int = 0
+    """Bytes of the parameters' gradients alive at the start."""
+    activation_peak: int = 0
+    """The peak of the live bytes that are not gradients (an activations budget's figure)."""
 
 
 class LiveStorageTracker(TorchDispatchMode):
@@ -109,19 +114,25 @@ class LiveStorageTracker(TorchDispatchMode):
         """Storage key -> index of the phase that created it (to attribute saved tensors)."""
         self._sizes: dict[int, int] = {}
         self._known = {storage_key(t) for t in exclude}
+        self.gradients = 0
+        """Live bytes of the storages ``count_as_gradient`` named."""
+        self.activation_peak = 0
+        self._gradient_keys: set[int] = set()
         self._op: tuple[Any, Any] | None = None
         """The op whose outputs are being tracked, and its arguments."""
 
     def mark(self, label: str) -> None:
         """Start a new phase now."""
-        self.phases.append(Phase(label, self.live, self.live))
+        activations = self.live - self.gradients
+        self.phases.append(Phase(label, self.live, self.live, self.gradients, activations))
 
-    def forget(self, tensor: torch.Tensor) -> None:
-        """Stop counting ``tensor``'s storage from now on (a gradient, outside an activations
-        budget); the peaks already reached stay."""
+    def count_as_gradient(self, tensor: torch.Tensor) -> None:
+        """From now on, ``tensor``'s storage is a gradient: still live, but outside the
+        activation figures (call it from a post-accumulate-grad hook: the instant it exists)."""
         key = storage_key(tensor)
-        self.live -= self._sizes.pop(key, 0)
-        self._known.add(key)
+        if key in self._sizes and key not in self._gradient_keys:
+            self._gradient_keys.add(key)
+            self.gradients += self._sizes[key]
 
     def size_of(self, key: int) -> int:
         return self._sizes.get(key, 0)
@@ -147,9 +158,32 @@ class LiveStorageTracker(TorchDispatchMode):
         self.allocated_in[key] = len(self.phases) - 1
         self.live += size
         self.peak = max(self.peak, self.live)
-        if self.phases and self.live > self.phases[-1].peak:
-            self.phases[-1].peak = self.live
+        activations = self.live - self.gradients
+        self.activation_peak = max(self.activation_peak, activations)
+        if self.phases:
+            phase = self.phases[-1]
+            phase.peak = max(phase.peak, self.live)
+            phase.activation_peak = max(phase.activation_peak, activations)
         weakref.finalize(storage, self._free, key)
 
     def _free(self, key: int) -> None:
-        self.live -= self._sizes.pop(key, 0)
+        size = self._sizes.pop(key, 0)
+        self.live -= size
+        if key in self._gradient_keys:
+            self._gradient_keys.discard(key)
+            self.gradients -= size
+
+
+@contextlib.contextmanager
+def gradients_counted(model: torch.nn.Module, tracker: LiveStorageTracker) -> Iterator[None]:
+    """Tell ``tracker`` of each parameter's gradient the moment it is accumulated."""
+    hooks = [
+        p.register_post_accumulate_grad_hook(lambda p: tracker.count_as_gradient(p.grad))
+        for p in model.parameters()
+        if p.requires_grad
+    ]
+    try:
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()

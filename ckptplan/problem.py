@@ -40,16 +40,15 @@ def to_chain(
     for i, b in enumerate(profile.blocks):
         block = replace(_chain_block(b), after_peaks=_gap_events(profile, i, scope))
         if scope == "activations":
-            # Gradients only grow in backward, so those present when a phase starts are
-            # present at its peak: taking off more would count a gradient before it exists.
+            # A gradient leaves the activations the moment it is accumulated: the profile
+            # kept each backward's peak of activations alone, and the gradients at its start.
             base = profile.persistent_bytes
-            grads = b.grads_at_bwd_start
             block = replace(
                 block,
                 fwd_start=b.fwd_start - base,
                 fwd_peak=b.fwd_peak - base,
-                bwd_start=b.bwd_start - base - grads,
-                bwd_peak=b.bwd_peak - base - grads,
+                bwd_start=b.bwd_start - base - b.grads_at_bwd_start,
+                bwd_peak=b.bwd_peak - base - b.grads_at_bwd_peak,
             )
         unreplayed = _unreplayed(forward[i])
         block = replace(block, tail_time=sum(op.time for op in unreplayed.values()))

@@ -47,6 +47,8 @@ from ckptplan.fingerprint import inputs_signature, model_fingerprint
 from ckptplan.loading import Workload, build_fake, call_model, describe_exception
 from ckptplan.memtrack import (
     LiveStorageTracker,
+    Phase,
+    gradients_counted,
     keep_freed_host_memory,
     storage_bytes,
     storage_key,
@@ -102,6 +104,7 @@ class Gap:
     fwd_peak: int
     bwd_peak: int | None
     bwd_grads: int = 0
+    """What an activations budget takes off ``bwd_peak`` (see ``BlockProfile``)."""
 
 
 @dataclass(frozen=True)
@@ -137,8 +140,11 @@ class BlockProfile:
     gap: Gap | None = None
     """The code that runs after this block and before the next, if any."""
     grads_at_bwd_start: int = 0
-    """Gradient bytes present when its backward starts: an activations budget takes these,
-    and no more, off the backward's figures (the block's own appear during its backward)."""
+    """Gradient bytes present when its backward starts: an activations budget takes these off
+    ``bwd_start`` (the block's own appear during its backward)."""
+    grads_at_bwd_peak: int = 0
+    """``bwd_peak`` minus the backward's peak of activations alone (gradients excluded from
+    the moment each is accumulated): what an activations budget takes off ``bwd_peak``."""
     trainable_bytes: int | None = None
     """Bytes of its parameters that get gradients (frozen ones, as under LoRA, get none);
     None: all of them."""
@@ -181,7 +187,8 @@ class Profile:
     trainable_bytes: int | None = None
     """Bytes of the parameters that get gradients and optimizer state; None: all of them."""
     event_grads: tuple[tuple[str, int], ...] = ()
-    """(event, gradient bytes present when it starts) of the events outside the blocks."""
+    """(event, what an activations budget takes off its peak) of the events outside the
+    blocks."""
 
     @property
     def gradient_bytes(self) -> int:
@@ -493,6 +500,7 @@ def _instrumented_step(
         stack.enter_context(ops.modules)
         stack.enter_context(ops)
         stack.enter_context(tracker)
+        stack.enter_context(gradients_counted(model, tracker))
         recorder.mark("fwd:pre")
         with (
             torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t),
@@ -727,7 +735,8 @@ def _assemble(
                 bwd_start=base + phases[bwd_label].start,
                 bwd_peak=base + phases[bwd_label].peak,
                 grads_at_bwd_end=recorder.grads_at.get(f"{bwd_label}:end", 0),
-                grads_at_bwd_start=recorder.grads_at.get(f"{bwd_label}:start", 0),
+                grads_at_bwd_start=phases[bwd_label].gradients_at_start,
+                grads_at_bwd_peak=_gradients_at_peak(phases[bwd_label]),
                 flops_fwd=flops[label],
                 flops_bwd=flops[bwd_label],
                 time_fwd=seconds[label],
@@ -759,7 +768,9 @@ def _assemble(
         parameter_bytes=storage_bytes(model.parameters()),
         trainable_bytes=_trainable_bytes(model),
         event_grads=tuple(
-            (text, recorder.grads_at.get(f"{label}:start", 0)) for label, text in _EVENTS.items()
+            (text, _gradients_at_peak(phases[label]))
+            for label, text in _EVENTS.items()
+            if label in phases
         ),
         optimizer_bytes=storage_bytes(optimizer_state),
         input_bytes=storage_bytes(
@@ -792,8 +803,14 @@ def _gap_after(
     return Gap(
         fwd_peak=base + phases[f"fwd:gap{index}"].peak,
         bwd_peak=None if backward is None else base + backward.peak,
-        bwd_grads=recorder.grads_at.get(f"bwd:gap{index}:start", 0),
+        bwd_grads=0 if backward is None else _gradients_at_peak(backward),
     )
+
+
+def _gradients_at_peak(phase: Phase) -> int:
+    """What an activations budget takes off the phase's peak: the gradients alive when the
+    activations peak (not those made later in the phase, nor those freed before)."""
+    return phase.peak - phase.activation_peak
 
 
 def _trainable_bytes(module: torch.nn.Module) -> int:
