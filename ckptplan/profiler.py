@@ -280,11 +280,9 @@ class _StepRecorder:
         self._previous: tuple[torch.Tensor | None, Any] = (None, None)
 
     def mark(self, label: str) -> None:
-        grads = self._grad_bytes()
-        self.grads_at[label + ":start"] = grads
         if self.tracker.phases:
             ending = self.tracker.phases[-1].label
-            self.grads_at[ending + ":end"] = grads
+            self.grads_at[ending + ":end"] = self._grad_bytes()
             if ending.startswith("bwd:") and ending[4:].isdigit():
                 call = self.calls[int(ending[4:])]
                 call.output_died_in_bwd = call.output is not None and call.output() is None
