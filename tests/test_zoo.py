@@ -97,3 +97,16 @@ def test_lora_counts_gradients_and_optimizer_state_of_the_adapters_only() -> Non
     check = ckptplan.verify(ZOO / "peft_lora_llama.py", plan, repeats=1)
     assert check.measured_peak_bytes <= plan.budget["bytes"]
     assert check.max_grad_abs_diff <= 1e-6
+
+
+def test_the_least_feasible_peak_is_a_budget_that_solve_accepts() -> None:
+    """The chain model keeps a saved tensor to the end of its backward node, a checkpoint's
+    recomputed copy dies at its last use: BERT's plan of least peak runs 1 KiB under its
+    prediction, and the least peak is what it runs at, a budget solve accepts and keeps."""
+    model = ZOO / "hf_bert.py"
+    with pytest.raises(BelowLeastPeak) as refused:
+        ckptplan.solve(model, budget="1", scope="activations", solver="dp")
+    least = refused.value.least_bytes
+    plan = ckptplan.solve(model, budget=str(least), scope="activations", solver="dp")
+    assert plan.predicted["fake_run_peak_bytes"] <= least
+    assert ckptplan.verify(model, plan, repeats=1).measured_peak_bytes <= least
