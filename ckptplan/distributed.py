@@ -55,6 +55,10 @@ def _shifted(gap: Gap | None, forward: int, backward: int) -> Gap | None:
     return replace(gap, fwd_peak=gap.fwd_peak + forward, bwd_peak=bwd_peak)
 
 
+def _plus(value: int | None, extra: int) -> int | None:
+    return None if value is None else value + extra
+
+
 def _ceil_div(x: int, n: int) -> int:
     return -(-x // n)
 
@@ -91,6 +95,9 @@ def per_rank(profile: Profile, world_size: int, mode: str) -> Profile:
         tail_peaks=rank.events(profile.tail_peaks),
         fixed_peaks=rank.events(profile.fixed_peaks),
         phases=phases,
+        # A rank's gap figures are shifted at their peaks only; nested stages need their
+        # starts too, so per-rank plans checkpoint blocks and runs of blocks.
+        enclosures=(),
     )
 
 
@@ -110,6 +117,7 @@ class _DdpRank:
             b,
             fwd_start=b.fwd_start + self.shift,
             fwd_peak=b.fwd_peak + self.shift,
+            replay_peak=_plus(b.replay_peak, self.shift),
             bwd_start=b.bwd_start + self.shift,
             bwd_peak=b.bwd_peak + self.shift,
             gap=_shifted(b.gap, self.shift, self.shift),
@@ -154,6 +162,7 @@ class _FsdpRank:
             b,
             fwd_start=b.fwd_start + self.shift + self.forward_set,
             fwd_peak=b.fwd_peak + self.shift + self.forward_set + 2 * self.p,
+            replay_peak=_plus(b.replay_peak, self.shift + self.forward_set + 2 * self.p),
             fwd_peak_nograd=b.fwd_peak_nograd + self.p,
             bwd_start=b.bwd_start + self.shift + self.backward_set - saved,
             bwd_peak=b.bwd_peak + self.shift + self.backward_set - saved,

@@ -120,6 +120,8 @@ class LiveStorageTracker(TorchDispatchMode):
         self._gradient_keys: set[int] = set()
         self._op: tuple[Any, Any] | None = None
         """The op whose outputs are being tracked, and its arguments."""
+        self.ops = 0
+        """Ops dispatched so far (to tell whether any code ran between two points)."""
 
     def mark(self, label: str) -> None:
         """Start a new phase now."""
@@ -139,6 +141,7 @@ class LiveStorageTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        self.ops += 1
         self._op = (func, args)
         try:
             for leaf in pytree.tree_leaves(out):

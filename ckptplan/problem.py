@@ -20,7 +20,7 @@ from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError
 from ckptplan.options import SCOPES
 from ckptplan.profiler import BlockProfile, Profile
-from ckptplan.solvers.chain import BlockOption, Chain, ChainBlock
+from ckptplan.solvers.chain import AfterCode, BlockOption, Chain, ChainBlock, Enclosure
 from ckptplan.solvers.selective import SaveItem, Selection, frontier
 
 MENU_POINTS = 16
@@ -47,6 +47,7 @@ def to_chain(
                 block,
                 fwd_start=b.fwd_start - base,
                 fwd_peak=b.fwd_peak - base,
+                replay_peak=None if b.replay_peak is None else b.replay_peak - base,
                 bwd_start=b.bwd_start - base - b.grads_at_bwd_start,
                 bwd_peak=b.bwd_peak - base - b.grads_at_bwd_peak,
             )
@@ -75,15 +76,41 @@ def to_chain(
                 ),
             )
         blocks.append(block)
+    enclosures = _enclosures(profile, scope)
     if scope == "step":
-        return Chain(tuple(blocks), profile.tail_peaks, profile.fixed_peaks)
+        return Chain(tuple(blocks), profile.tail_peaks, profile.fixed_peaks, enclosures)
     base = profile.persistent_bytes
     grads = dict(profile.event_grads)
     return Chain(
         blocks=tuple(blocks),
         tail_peaks=tuple((v - base - grads.get(e, 0), e) for v, e in profile.tail_peaks),
         fixed_peaks=tuple((max(0, v - base - grads.get(e, 0)), e) for v, e in profile.fixed_peaks),
+        enclosures=enclosures,
     )
+
+
+def _enclosures(profile: Profile, scope: str) -> tuple[Enclosure, ...]:
+    """The modules that may be checkpointed whole, nested; one whose code after its blocks
+    has no backward of its own in the profile cannot be priced and is left out."""
+    activations = scope == "activations"
+    base = profile.persistent_bytes if activations else 0
+    out = []
+    for module in profile.enclosures:
+        after = None
+        if module.encloses_gap:
+            gap = profile.blocks[module.end - 1].gap
+            if gap is None or gap.bwd_peak is None or gap.bwd_start is None:
+                continue
+            after = AfterCode(
+                fwd_start=gap.fwd_start - base,
+                fwd_peak=gap.fwd_peak - base,
+                bwd_start=gap.bwd_start - base - (gap.bwd_start_grads if activations else 0),
+                bwd_peak=gap.bwd_peak - base - (gap.bwd_grads if activations else 0),
+                saved_bytes=gap.saved_bytes,
+                fwd_time=gap.fwd_time,
+            )
+        out.append(Enclosure(module.path, module.start, module.end, after))
+    return tuple(out)
 
 
 def _gap_events(profile: Profile, index: int, scope: str) -> tuple[tuple[int, str], ...]:
@@ -115,6 +142,7 @@ def _chain_block(b: BlockProfile) -> ChainBlock:
         joins_previous=b.joins_previous,
         output_bytes=b.output_bytes,
         own_output_bytes=b.own_output_bytes,
+        replay_peak=b.replay_peak,
     )
 
 

@@ -41,6 +41,7 @@ from torch.utils.module_tracker import ModuleTracker
 
 from ckptplan.costs import OpRecord, OpRecorder, block_forward_records, replayed_count
 from ckptplan.devices import get_device
+from ckptplan.enclosures import EnclosingModule, EnclosureRecorder
 from ckptplan.errors import CkptplanError, raised_by_ckptplan
 from ckptplan.fakepaths import real_step_paths
 from ckptplan.fingerprint import inputs_signature, model_fingerprint
@@ -105,6 +106,14 @@ class Gap:
     bwd_peak: int | None
     bwd_grads: int = 0
     """What an activations budget takes off ``bwd_peak`` (see ``BlockProfile``)."""
+    fwd_start: int = 0
+    bwd_start: int | None = None
+    bwd_start_grads: int = 0
+    """What an activations budget takes off ``bwd_start``."""
+    saved_bytes: int = 0
+    """Bytes its own ops save for backward (made in the gap; its input and output excluded):
+    what checkpointing an enclosing module whole drops from forward."""
+    fwd_time: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -148,6 +157,9 @@ class BlockProfile:
     trainable_bytes: int | None = None
     """Bytes of its parameters that get gradients (frozen ones, as under LoRA, get none);
     None: all of them."""
+    replay_peak: int | None = None
+    """The forward's peak up to its last op that saves a tensor, where the recomputation of a
+    region ending with this block stops; None: ``fwd_peak``."""
 
     @property
     def gradient_bytes(self) -> int:
@@ -189,6 +201,8 @@ class Profile:
     event_grads: tuple[tuple[str, int], ...] = ()
     """(event, what an activations budget takes off its peak) of the events outside the
     blocks."""
+    enclosures: tuple[EnclosingModule, ...] = ()
+    """Modules around runs of blocks that may be checkpointed whole, nested (a stage)."""
 
     @property
     def gradient_bytes(self) -> int:
@@ -277,6 +291,9 @@ class _StepRecorder:
         self.saved: dict[str, dict[int, tuple[int, int | None]]] = {}
         """Phase label -> {storage key: (bytes, index of the phase that allocated it)}."""
         self.grads_at: dict[str, int] = {}
+        self.replay_peaks: dict[str, int] = {}
+        """Phase label -> its peak up to the last tensor it saved (where recomputation stops)."""
+        self.enclosing: EnclosureRecorder | None = None
         self._previous: tuple[torch.Tensor | None, Any] = (None, None)
 
     def mark(self, label: str) -> None:
@@ -301,6 +318,8 @@ class _StepRecorder:
         key = storage_key(tensor)
         size = tensor.untyped_storage().nbytes()
         self.saved.setdefault(label, {})[key] = (size, self.tracker.allocated_in.get(key))
+        if self.tracker.phases:
+            self.replay_peaks[label] = self.tracker.phases[-1].peak
         if self.costs is not None:
             self.costs.note_saved(size)
         return tensor
@@ -492,8 +511,9 @@ def _instrumented_step(
     tracker = LiveStorageTracker(exclude=persistent)
     params = [p for p in model.parameters() if p.requires_grad]
     recorder = _StepRecorder(blocks, tracker, ops, params)
+    recorder.enclosing = EnclosureRecorder(model, blocks, tracker)
     with ExitStack() as stack:
-        for handle in recorder.hooks():
+        for handle in (*recorder.hooks(), *recorder.enclosing.hooks()):
             stack.callback(handle.remove)
         stack.enter_context(ops.modules)
         stack.enter_context(ops)
@@ -742,7 +762,8 @@ def _assemble(
                 random=label in random_phases,
                 stateful=_updates_buffers(module),
                 own_output_bytes=call.output_bytes if own_output else 0,
-                gap=_gap_after(i, recorder, phases, base),
+                gap=_gap_after(i, recorder, phases, base, seconds),
+                replay_peak=base + recorder.replay_peaks.get(label, phases[label].start),
             )
         )
     tail = tuple((base + phases[label].peak, _EVENTS[label]) for label in ("fwd:post", "bwd:post"))
@@ -787,21 +808,39 @@ def _assemble(
             (path, type(m).__name__, sum(p.numel() for p in m.parameters()))
             for path, m in model.named_modules()
         ),
+        enclosures=recorder.enclosing.enclosures() if recorder.enclosing else (),
     )
 
 
 def _gap_after(
-    index: int, recorder: _StepRecorder, phases: dict[str, Any], base: int
+    index: int,
+    recorder: _StepRecorder,
+    phases: dict[str, Any],
+    base: int,
+    seconds: dict[str, float],
 ) -> Gap | None:
     """The code between block ``index`` and the next, when there is any."""
     following = index + 1
     if following >= len(recorder.calls) or not recorder.calls[following].gap_before:
         return None
+    label = f"fwd:gap{index}"
+    forward = phases[label]
     backward = phases.get(f"bwd:gap{index}")
+    index_of = {p.label: i for i, p in enumerate(recorder.tracker.phases)}
+    boundary = {recorder.calls[index].output_key, recorder.calls[following].input_key}
     return Gap(
-        fwd_peak=base + phases[f"fwd:gap{index}"].peak,
+        fwd_peak=base + forward.peak,
         bwd_peak=None if backward is None else base + backward.peak,
         bwd_grads=0 if backward is None else _gradients_at_peak(backward),
+        fwd_start=base + forward.start,
+        bwd_start=None if backward is None else base + backward.start,
+        bwd_start_grads=0 if backward is None else backward.gradients_at_start,
+        saved_bytes=sum(
+            size
+            for key, (size, allocated) in recorder.saved.get(label, {}).items()
+            if allocated == index_of[label] and key not in boundary
+        ),
+        fwd_time=seconds.get(label, 0.0),
     )
 
 

@@ -227,9 +227,17 @@ class _RegionRun:
             self.reporter.watch(outs[-1])
         return outs
 
+    def _spread(self, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        return self.run(args, kwargs)
+
     def _checkpoint(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        # The region's tensor arguments go to checkpoint one by one, so it saves them as saved
+        # tensors (a tuple would be held as is): under an enclosing checkpoint, they are then
+        # dropped through forward like everything else the enclosing region saves.
         if self.policy is None:
-            return checkpoint(self.run, args, kwargs, use_reentrant=False, preserve_rng_state=True)
+            return checkpoint(
+                self._spread, *args, use_reentrant=False, preserve_rng_state=True, **kwargs
+            )
         saves, offloads = self.policy
         # Built here, not stored: torch.compile takes a context_fn made in the traced frame.
         # Eager torch recomputes what a *_CPU_OFFLOAD policy names, so eager offload runs
@@ -240,12 +248,12 @@ class _RegionRun:
             else _selective_contexts
         )
         return checkpoint(
-            self.run,
-            args,
-            kwargs,
+            self._spread,
+            *args,
             use_reentrant=False,
             preserve_rng_state=True,
             context_fn=functools.partial(contexts, saves, self.name, offloads),
+            **kwargs,
         )
 
     def _buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

@@ -78,10 +78,44 @@ class ChainBlock:
     recomputation that ends with this block stops before them."""
     options: tuple[BlockOption, ...] = ()
     """Selective policies the block may take instead of recomputing everything."""
+    replay_peak: int | None = None
+    """Live bytes at the forward's peak up to its last op that saves a tensor: a recomputation
+    that ends with this block stops there (None: ``fwd_peak``)."""
     after_peaks: tuple[tuple[int, str], ...] = ()
     """(live bytes, label) of the code between this block and the next (a stage's downsampling,
     a second tower's embedding), in forward and in backward: checkpointing this block and the
     blocks before it lowers them by their savings."""
+
+
+def _replayed_peak(block: ChainBlock) -> int:
+    return block.fwd_peak if block.replay_peak is None else block.replay_peak
+
+
+@dataclass(frozen=True)
+class AfterCode:
+    """An enclosing module's own code after its last block (a stage's patch merging), measured
+    on the unchecked step: live bytes at its forward's start and peak and its backward's start
+    and peak, what it saves for backward, and its forward time."""
+
+    fwd_start: int
+    fwd_peak: int
+    bwd_start: int
+    bwd_peak: int
+    saved_bytes: int
+    fwd_time: float
+
+
+@dataclass(frozen=True)
+class Enclosure:
+    """A module around blocks ``[start, end)`` (a stage), which a plan may checkpoint whole
+    with each of its blocks checkpointed again inside it (nested). Its forward then keeps only
+    its input; its recomputation, at the start of its backward, the blocks' inputs; each block
+    is recomputed once more in its own backward. ``after`` is its code after the last block."""
+
+    name: str
+    start: int
+    end: int
+    after: AfterCode | None = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +127,7 @@ class Chain:
     """(live bytes, label) of events after the last block's forward and before its backward."""
     fixed_peaks: tuple[tuple[int, str], ...] = ()
     """(live bytes, label) of events no plan changes (embedding, optimizer step)."""
+    enclosures: tuple[Enclosure, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -107,6 +142,9 @@ class Schedule:
     optimal: bool = False
     options: tuple[tuple[int, int], ...] = ()
     """(block, option index) for each checkpointed block that runs a selective policy."""
+    nested: tuple[int, ...] = ()
+    """Indices of the chain's enclosures checkpointed whole, nested (their blocks are in no
+    segment)."""
 
 
 class InfeasibleBudget(ValueError):
@@ -190,7 +228,8 @@ def run_terms(
         events.append((forward + outputs_held + held_input, f"forward of {b.name}"))
         # A later member's input is the output its predecessor just recomputed.
         recompute_live = last.bwd_start - total - dropped + restored + (b.input_bytes if i else 0)
-        transient = b.fwd_peak - b.fwd_start - kept[i]
+        peak = b.fwd_peak if b is not last or final else _replayed_peak(b)
+        transient = peak - b.fwd_start - kept[i]
         events.append((recompute_live + transient + held, f"recompute of {b.name}"))
         events.append((b.bwd_peak + extra_input + held, f"backward of {b.name}"))
         saved_before += savings[i]
@@ -201,6 +240,52 @@ def run_terms(
     )
     recompute -= final.tail_time if final else last.tail_time
     events.extend((v - total, e) for v, e in last.after_peaks)
+    return RunTerms(tuple(events), total, recompute)
+
+
+def nested_terms(chain: Chain, index: int) -> RunTerms:
+    """The events of enclosure ``index`` checkpointed whole with each block inside it
+    checkpointed again (see ``Enclosure``), as ``value - P``."""
+    enclosure = chain.enclosures[index]
+    blocks = chain.blocks[enclosure.start : enclosure.end]
+    after = enclosure.after
+    first, last = blocks[0], blocks[-1]
+    extra_input = 0 if first.input_kept else first.input_bytes
+    # Forward, as one segment of the blocks, the enclosure's own code dropping what it saves.
+    flat = [block_saving(b, i == 0) for i, b in enumerate(blocks)]
+    total = sum(flat) + (after.saved_bytes if after else 0)
+    events: list[tuple[float, str]] = []
+    for i, b in enumerate(blocks):
+        live = b.fwd_start - sum(flat[:i]) + b.fwd_peak_nograd + (extra_input if i else 0)
+        events.append((live, f"forward of {b.name}"))
+    # The enclosure's recomputation starts with its backward and keeps each block's input
+    # (the inner checkpoints save them). Early stop: without code after the blocks, the last
+    # thing it saves is the last block's input, so the last block is not run.
+    start = (after.bwd_start if after else last.bwd_start - last.own_output_bytes) - total
+    recomputed = blocks if after else blocks[:-1]
+    inputs = 0
+    for i, b in enumerate(recomputed):
+        inputs += b.input_bytes if i else 0
+        events.append((start + inputs + b.fwd_peak_nograd, f"recompute of {enclosure.name}"))
+    recompute = sum(b.fwd_time for b in recomputed)
+    # Then each block backward as if checkpointed on its own: the enclosure holds the inputs
+    # of the blocks before, as separate checkpoints would.
+    singles = [block_saving(b, True) for b in blocks]
+    for i, b in enumerate(blocks):
+        before = sum(singles[:i])
+        own = b.bwd_start - singles[i] - b.own_output_bytes + _replayed_peak(b) - b.fwd_start
+        events.append((own - before, f"recompute of {b.name}"))
+        held = 0 if b.input_kept else b.input_bytes
+        events.append((b.bwd_peak + held - before, f"backward of {b.name}"))
+        recompute += b.fwd_time - b.tail_time
+    if after:
+        transient = after.fwd_peak - after.fwd_start + last.output_bytes
+        events.append((start + inputs + transient, f"recompute of {enclosure.name}"))
+        events.append((after.fwd_peak - sum(flat), f"forward of {enclosure.name}"))
+        events.append((after.bwd_peak - sum(singles), f"backward of {enclosure.name}"))
+        recompute += after.fwd_time
+    else:
+        events.extend((v - total, e) for v, e in last.after_peaks)
     return RunTerms(tuple(events), total, recompute)
 
 
@@ -218,15 +303,22 @@ def validate_segments(chain: Chain, segments: Sequence[Segment]) -> list[Segment
     return ordered
 
 
-def runs(chain: Chain, segments: Sequence[Segment]) -> list[tuple[int, int, bool]]:
-    """Split the chain into checkpointed segments and single unchecked blocks, in order."""
-    out: list[tuple[int, int, bool]] = []
+def runs(
+    chain: Chain, segments: Sequence[Segment], nested: Sequence[int] = ()
+) -> list[tuple[int, int, bool, int | None]]:
+    """Split the chain into checkpointed segments, nested enclosures (by index) and single
+    unchecked blocks, in order: (start, end, checkpointed, enclosure or None)."""
+    pieces = [(s, e, None) for s, e in validate_segments(chain, segments)]
+    pieces += [(chain.enclosures[k].start, chain.enclosures[k].end, k) for k in nested]
+    out: list[tuple[int, int, bool, int | None]] = []
     position = 0
-    for start, end in validate_segments(chain, segments):
-        out.extend((k, k + 1, False) for k in range(position, start))
-        out.append((start, end, True))
+    for start, end, enclosure in sorted(pieces):
+        if start < position:
+            raise ValueError(f"blocks {start}..{end - 1} are in two checkpointed runs")
+        out.extend((k, k + 1, False, None) for k in range(position, start))
+        out.append((start, end, True, enclosure))
         position = end
-    out.extend((k, k + 1, False) for k in range(position, len(chain.blocks)))
+    out.extend((k, k + 1, False, None) for k in range(position, len(chain.blocks)))
     return out
 
 
@@ -235,9 +327,11 @@ def simulate(
     segments: Sequence[Segment],
     solver: str = "given",
     options: Sequence[tuple[int, int]] = (),
+    nested: Sequence[int] = (),
 ) -> Schedule:
     """Predicted peak and recompute time of a training step that checkpoints ``segments``,
-    the blocks named in ``options`` (all inside segments) under their selective policies.
+    the blocks named in ``options`` (all inside segments) under their selective policies, and
+    the enclosures ``nested`` whole with each of their blocks again inside.
     """
     chosen = dict(options)
     saved = 0
@@ -245,13 +339,16 @@ def simulate(
     peak: tuple[float, str] = max(
         ((float(v), e) for v, e in chain.fixed_peaks), default=(0.0, "start")
     )
-    for start, end, checkpointed in runs(chain, segments):
+    for start, end, checkpointed, enclosure in runs(chain, segments, nested):
         picks = [
             chain.blocks[k].options[chosen[k]] if k in chosen else None for k in range(start, end)
         ]
-        if not checkpointed and any(picks):
+        if (not checkpointed or enclosure is not None) and any(picks):
             raise ValueError(f"block {chain.blocks[start].name} has an option but no segment")
-        terms = run_terms(chain, start, end, checkpointed, picks if checkpointed else ())
+        if enclosure is not None:
+            terms = nested_terms(chain, enclosure)
+        else:
+            terms = run_terms(chain, start, end, checkpointed, picks if checkpointed else ())
         value, event = terms.local_peak()
         peak = max(peak, (value - saved, event))
         saved += terms.saving
@@ -265,4 +362,5 @@ def simulate(
         recompute,
         peak[1],
         options=tuple(sorted(chosen.items())),
+        nested=tuple(sorted(nested)),
     )

@@ -20,29 +20,44 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ckptplan.solvers.chain import Chain, InfeasibleBudget, Schedule, Segment, run_terms, simulate
+from ckptplan.solvers.chain import (
+    Chain,
+    InfeasibleBudget,
+    RunTerms,
+    Schedule,
+    Segment,
+    nested_terms,
+    run_terms,
+    simulate,
+)
+
+_Run = tuple[int, int, bool, int | None, int | None]
+"""(start, end, checkpointed, the option every block of the run takes or None, the enclosure
+checkpointed nested or None)."""
 
 
 @dataclass(frozen=True)
 class _Point:
     q: float
     cost: float
-    run: tuple[int, int, bool, int | None] | None
-    """(start, end, checkpointed, the option every block of the run takes, or None)."""
+    run: _Run | None
     rest: _Point | None
 
-    def plan(self) -> tuple[list[Segment], list[tuple[int, int]]]:
+    def plan(self) -> tuple[list[Segment], list[tuple[int, int]], list[int]]:
         segments: list[Segment] = []
         options: list[tuple[int, int]] = []
+        nested: list[int] = []
         point: _Point | None = self
         while point is not None and point.run is not None:
-            start, end, checkpointed, option = point.run
-            if checkpointed:
+            start, end, checkpointed, option, enclosure = point.run
+            if enclosure is not None:
+                nested.append(enclosure)
+            elif checkpointed:
                 segments.append((start, end))
             if option is not None:
                 options.extend((k, option) for k in range(start, end))
             point = point.rest
-        return segments, options
+        return segments, options, nested
 
 
 def _pareto(points: list[_Point]) -> list[_Point]:
@@ -57,12 +72,13 @@ def _pareto(points: list[_Point]) -> list[_Point]:
 def frontier(
     chain: Chain, max_segment: int | None = None, selective: bool = False, name: str = "dp"
 ) -> list[Schedule]:
-    """Every Pareto-optimal flat plan of the chain, from the fastest to the smallest.
+    """Every Pareto-optimal plan of the chain, from the fastest to the smallest.
 
     With ``selective``, the blocks of a segment may also take selective options (keep some op
     outputs, recompute the rest): any option of a block checkpointed on its own, or the same
     option index in every block of a longer segment (repeated layers share one menu, so that
     is one policy for all of them, the shape of the op-level optimum on uniform chains).
+    The chain's enclosures may also be checkpointed whole, nested (see ``Enclosure``).
     """
     n = len(chain.blocks)
     tail = max((v for v, _ in chain.tail_peaks), default=0)
@@ -71,18 +87,20 @@ def frontier(
     longest = n if max_segment is None else max_segment
     for s in range(n - 1, -1, -1):
         candidates: list[_Point] = []
-        runs: list[tuple[int, int, bool, int | None]] = [(s, s + 1, False, None)]
+        runs: list[_Run] = [(s, s + 1, False, None, None)]
+        runs.extend(
+            (s, c.end, True, None, k) for k, c in enumerate(chain.enclosures) if c.start == s
+        )
         shared = len(chain.blocks[s].options) if selective else 0
         for e in range(s + 1, min(n, s + longest) + 1):
             if e > s + 1 and not chain.blocks[e - 1].joins_previous:
                 break
             shared = min(shared, len(chain.blocks[e - 1].options))
-            runs.append((s, e, True, None))
-            runs.extend((s, e, True, i) for i in range(shared))
+            runs.append((s, e, True, None, None))
+            runs.extend((s, e, True, i, None) for i in range(shared))
         for run in runs:
-            start, end, checkpointed, option = run
-            picks = [None if option is None else b.options[option] for b in chain.blocks[start:end]]
-            terms = run_terms(chain, start, end, checkpointed, picks if checkpointed else ())
+            terms = _terms(chain, run)
+            end = run[1]
             local = terms.local_peak()[0]
             for rest in suffix[end]:
                 q = max(rest.q - terms.saving, local)
@@ -90,11 +108,19 @@ def frontier(
         suffix[s] = _pareto(candidates)
     best: dict[int, Schedule] = {}
     for point in suffix[0]:
-        segments, options = point.plan()
-        plan = simulate(chain, segments, name, options)
+        segments, options, nested = point.plan()
+        plan = simulate(chain, segments, name, options, nested)
         if plan.peak not in best or plan.recompute_time < best[plan.peak].recompute_time:
             best[plan.peak] = plan
     return sorted(best.values(), key=lambda p: p.recompute_time)
+
+
+def _terms(chain: Chain, run: _Run) -> RunTerms:
+    start, end, checkpointed, option, enclosure = run
+    if enclosure is not None:
+        return nested_terms(chain, enclosure)
+    picks = [None if option is None else b.options[option] for b in chain.blocks[start:end]]
+    return run_terms(chain, start, end, checkpointed, picks if checkpointed else ())
 
 
 def solve(
