@@ -7,6 +7,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 
 from ckptplan.budget import format_budget_at_least, format_bytes, parse_budget
+from ckptplan.devices import get_device
 from ckptplan.distributed import per_rank
 from ckptplan.errors import BelowLeastPeak, CkptplanError
 from ckptplan.loading import Inputs, LiveModel, Workload, load_model_file
@@ -92,8 +94,10 @@ def solve(
     fake_run: bool = True,
     world_size: int = 1,
     parallel: str | None = None,
+    margin: float | None = None,
 ) -> Plan:
-    """Profile the model and return the plan of least recompute time that fits ``budget``.
+    """Profile the model and return the plan of least recompute time that fits ``budget``,
+    less ``margin`` percent of it (default: the device's, 0.1 on the CPU, 3 on a GPU).
 
     With ``fake_run`` (the default) the chosen plan is executed on fake tensors to confirm
     its peak; should the real checkpointed code need more than the chain model predicted,
@@ -114,30 +118,36 @@ def solve(
     options = {"every": every, "max_segment": max_segment}
     unchecked = run_solver("none", chain, None, **options)
     budget_bytes = parsed.resolve(unchecked.peak)
+    # A fixed policy is the plan the user named: only the searching solvers hold a margin back.
+    held_back = _margin(margin, device) if solver in ("dp", "auto") else 0.0
+    aim = budget_bytes - round(budget_bytes * held_back / 100)
     baselines = {}
     for name in BASELINES:
         base = run_solver(name, chain, None, **options)
         baselines[base.solver] = predict(prof, chain, base, scope).to_json()
-    target = budget_bytes
+    target = aim
     checked = fake_run and parallel is None
     for attempt in range(FAKE_RUN_TRIES):
         confirmed = None
         try:
             schedule = run_solver(solver, chain, target, **options)
         except InfeasibleBudget as exc:
+            refusal = (budget_bytes, prof, solver, scope, held_back)
             if not checked:
-                raise _below_least_peak(budget_bytes, exc.least_peak, prof, solver, scope) from None
+                raise _below_least_peak(exc.least_peak, *refusal) from None
             # The chain model keeps a saved tensor until its backward node ends; a checkpoint's
             # recomputed copy dies at its last use inside the node. So the plan of least peak
             # may run within a budget its prediction exceeds: the fake run decides.
             schedule = run_solver(solver, chain, exc.least_peak, **options)
             least = plan_from_schedule(prof, chain, schedule, "", exc.least_peak, scope, menus)
             confirmed = fake_run_peak(workload, least)
-            if confirmed > budget_bytes:
-                raise _below_least_peak(budget_bytes, confirmed, prof, solver, scope) from None
+            if confirmed > aim:
+                raise _below_least_peak(confirmed, *refusal) from None
         plan = plan_from_schedule(prof, chain, schedule, parsed.text, budget_bytes, scope, menus)
         plan = replace(
-            plan, settings={**plan.settings, "world_size": world_size, "parallel": parallel}
+            plan,
+            budget={**plan.budget, "margin_percent": held_back, "aim_bytes": aim},
+            settings={**plan.settings, "world_size": world_size, "parallel": parallel},
         )
         plan.baselines.update(baselines)
         if not checked:
@@ -145,23 +155,41 @@ def solve(
         if confirmed is None:
             confirmed = fake_run_peak(workload, plan)
         plan.predicted["fake_run_peak_bytes"] = confirmed
-        if confirmed <= budget_bytes or solver not in ("dp", "auto"):
+        if confirmed <= aim:
             return plan
-        target -= (confirmed - budget_bytes) * 2**attempt
+        if solver not in ("dp", "auto"):
+            break
+        target -= (confirmed - aim) * 2**attempt
     raise CkptplanError(
-        f"the checkpointed step, run on fake tensors, exceeds the budget "
-        f"{format_bytes(budget_bytes)} with every plan {solver} found for it (last: "
-        f"{format_bytes(confirmed)}); use --budget {format_budget_at_least(confirmed)} or more"
+        f"the checkpointed step, run on fake tensors, needs {format_bytes(confirmed)}, over "
+        f"the {format_bytes(aim)} the budget {format_bytes(budget_bytes)} leaves with every "
+        f"plan {solver} found for it; use --budget "
+        f"{format_budget_at_least(_admitting(confirmed, held_back))} or more"
     )
 
 
+def _margin(percent: float | None, device: str) -> float:
+    """The share of the budget held back, in percent (the device's default when None)."""
+    if percent is None:
+        return get_device(device).margin_percent
+    if not 0 <= percent < 50:
+        raise CkptplanError(f"--margin {percent:g} is not a percentage in [0, 50); e.g. --margin 2")
+    return percent
+
+
+def _admitting(peak: int, margin: float) -> int:
+    """The least budget whose share outside the margin holds ``peak``."""
+    return math.ceil(peak / (1 - margin / 100))
+
+
 def _below_least_peak(
-    budget: int, least: int, prof: Profile, solver: str, scope: str
+    least: int, budget: int, prof: Profile, solver: str, scope: str, margin: float
 ) -> BelowLeastPeak:
+    held = f" less its {margin:g}% margin" if margin else ""
     return BelowLeastPeak(
-        f"budget {format_bytes(budget)} is below the least feasible peak {format_bytes(least)} "
-        f"of {prof.model_name} with solver {solver} (scope {scope}); use --budget "
-        f"{format_budget_at_least(least)} or more",
+        f"budget {format_bytes(budget)}{held} is below the least feasible peak "
+        f"{format_bytes(least)} of {prof.model_name} with solver {solver} (scope {scope}); "
+        f"use --budget {format_budget_at_least(_admitting(least, margin))} or more",
         least,
     )
 
@@ -202,7 +230,8 @@ def optimality_gap_of_auto(
     try:
         schedule = run_solver("auto", chain, budget_bytes)
     except InfeasibleBudget as exc:
-        raise _below_least_peak(budget_bytes, exc.least_peak, prof, "auto", "activations") from None
+        refusal = (budget_bytes, prof, "auto", "activations", 0.0)
+        raise _below_least_peak(exc.least_peak, *refusal) from None
     return optimality_gap(prof, chain, schedule, time_limit_s, menus=menus)
 
 

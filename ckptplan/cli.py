@@ -130,6 +130,13 @@ def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
 )
 @model_options
 @click.option(
+    "--margin",
+    type=float,
+    default=None,
+    help="Percent of the budget the plan leaves unused [default: the device's: 0.1 on the "
+    "cpu, 3 on a GPU, whose allocator rounds and fragments].",
+)
+@click.option(
     "--world-size",
     type=int,
     default=1,
@@ -162,6 +169,7 @@ def solve(
     device: str,
     blocks: str | None,
     measure: bool,
+    margin: float | None,
     world_size: int,
     parallel: str | None,
     as_json: bool,
@@ -188,6 +196,7 @@ def solve(
             measure=measure,
             world_size=world_size,
             parallel=parallel,
+            margin=margin,
         )
     if output:
         plan.save(output)

@@ -1,10 +1,12 @@
 """Ground truth: run a training step with and without a plan, and compare (DESIGN.md section 9).
 
 Memory is the peak of one steady-state step (forward, backward, optimizer step, the optimizer
-state already created): ``torch.cuda.max_memory_allocated`` on CUDA, a live-storage tracker on
-CPU plus the bytes that persist across steps. Time is taken in pairs, the candidate's step and
-the baseline's back to back (in alternating order); the step-time ratio is the median of the
-pairs' ratios, so a burst of load on a shared machine spoils one pair, not the comparison.
+state already created): ``torch.cuda.max_memory_allocated`` on CUDA; on CPU the allocator's
+own event stream plus the bytes that persist across steps, with the profiler's live-storage
+tracker's figure beside it (the fake run, on fake tensors, has only the tracker). Time is
+taken in pairs, the candidate's step and the baseline's back to back (in alternating order);
+the step-time ratio is the median of the pairs' ratios, so a burst of load on a shared
+machine spoils one pair, not the comparison.
 Gradients are compared after the same seeded forward and backward, dropout included.
 """
 
@@ -21,6 +23,8 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from ckptplan.allocmeter import allocator_peak
+from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError, raised_by_ckptplan
 from ckptplan.fakepaths import real_step_paths
 from ckptplan.loading import Workload, build_fake, call_model
@@ -28,6 +32,7 @@ from ckptplan.memtrack import (
     LiveStorageTracker,
     gradients_counted,
     keep_freed_host_memory,
+    rng_states_counted,
     storage_bytes,
 )
 from ckptplan.plan import Plan
@@ -62,6 +67,11 @@ class Verification:
     regions: int
     step_time_ratio_range: tuple[float, float] = (0.0, 0.0)
     """Least and greatest step-time ratio of the timed pairs: how noisy the timing was."""
+    tracked_peak_bytes: int | None = None
+    """The same peak by the profiler's own live-storage tracker (CPU), beside the allocator's
+    ``measured_peak_bytes``: where they differ, the tracker misses something."""
+    predicted_overhead: float | None = None
+    """The plan's predicted recompute time over its step time, beside ``step_time_ratio - 1``."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -69,6 +79,7 @@ class Verification:
             "within_budget": self.within_budget,
             "grads_match": self.grads_match,
             "prediction_error": self.prediction_error,
+            "overhead_agrees": self.overhead_agrees,
         }
 
     @property
@@ -78,6 +89,14 @@ class Verification:
     @property
     def grads_match(self) -> bool:
         return self.max_grad_abs_diff <= self.grad_tolerance
+
+    @property
+    def overhead_agrees(self) -> bool:
+        """Predicted and measured recompute overhead within 25% of each other (relative)."""
+        if self.predicted_overhead is None:
+            return True
+        measured = self.step_time_ratio - 1
+        return abs(measured - self.predicted_overhead) <= 0.25 * max(abs(measured), 1e-9)
 
     @property
     def prediction_error(self) -> float:
@@ -107,21 +126,36 @@ def _step(model_file: Workload, run: _Run, seed: int) -> None:
         run.model.zero_grad(set_to_none=True)
 
 
-def _peak(model_file: Workload, run: _Run, device: torch.device, scope: str = "step") -> int:
-    """Peak bytes of one steady-state step; in scope ``activations`` without the parameters,
-    optimizer state and batch, and on CPU without each gradient from the moment it exists
-    (on CUDA the gradients stay in: an upper bound)."""
+def _measured_peak(
+    model_file: Workload, run: _Run, device: torch.device, scope: str = "step"
+) -> int:
+    """Peak bytes of one steady-state step by the device's allocator: CUDA's statistics, or
+    on CPU the allocator's event stream (``allocmeter``). In scope ``activations`` without the
+    parameters, optimizer state and batch, and on CPU without each gradient from the moment it
+    exists (on CUDA the gradients stay in: an upper bound)."""
     _step(model_file, run, seed=1)
-    persistent = persistent_tensors(run.model, run.optimizer, run.inputs)
-    outside = storage_bytes(persistent) if scope == "activations" else 0
+    persistent = storage_bytes(persistent_tensors(run.model, run.optimizer, run.inputs))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         _step(model_file, run, seed=2)
         torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device) - outside
+        return torch.cuda.max_memory_allocated(device) - (persistent if scope != "step" else 0)
+    peak = allocator_peak(lambda: _step(model_file, run, seed=2), run.model)
+    return peak.activations if scope == "activations" else persistent + peak.step
+
+
+def _tracked_peak(
+    model_file: Workload, run: _Run, scope: str = "step", host_memory: bool = True
+) -> int:
+    """The same peak counted by the live-storage tracker the profiler uses (which also runs
+    on fake tensors), plus, where the device memory is host memory, the CPU RNG states that
+    checkpoints stash outside dispatch."""
+    _step(model_file, run, seed=1)
+    persistent = persistent_tensors(run.model, run.optimizer, run.inputs)
     tracker = LiveStorageTracker(exclude=persistent)
-    with tracker, gradients_counted(run.model, tracker):
+    states = rng_states_counted(tracker) if host_memory else nullcontext()
+    with tracker, gradients_counted(run.model, tracker), states:
         _step(model_file, run, seed=2)
     if scope == "activations":
         return tracker.activation_peak
@@ -161,6 +195,8 @@ class Comparison:
     step_time_ratio: float
     """Median over the timed pairs of candidate / baseline step time."""
     step_time_ratio_range: tuple[float, float]
+    tracked_peak_bytes: int | None = None
+    """The candidate's peak by the profiler's live-storage tracker (CPU only)."""
 
 
 def _paired_times(
@@ -204,7 +240,8 @@ def _compare(
         for name, model in (("baseline", baseline_model), ("candidate", candidate))
     }
     scope = settings.get("scope", "step")
-    peaks = {name: _peak(model_file, run, target, scope) for name, run in runs.items()}
+    peaks = {name: _measured_peak(model_file, run, target, scope) for name, run in runs.items()}
+    tracked = _tracked_peak(model_file, runs["candidate"], scope) if target.type == "cpu" else None
     if target.type == "cpu":
         keep_freed_host_memory()
     times = _paired_times(model_file, runs, target, repeats)
@@ -212,6 +249,7 @@ def _compare(
     return Comparison(
         measured_peak_bytes=peaks["candidate"],
         baseline_peak_bytes=peaks["baseline"],
+        tracked_peak_bytes=tracked,
         step_time_s=statistics.median(times["candidate"]),
         baseline_step_time_s=statistics.median(times["baseline"]),
         max_grad_abs_diff=max_diff,
@@ -259,6 +297,8 @@ def verify_plan(
         grad_tolerance=1e-6 if dtype == torch.float32 else 1e-2,
         regions=len(plan.regions),
         step_time_ratio_range=result.step_time_ratio_range,
+        tracked_peak_bytes=result.tracked_peak_bytes,
+        predicted_overhead=plan.predicted.get("overhead"),
     )
 
 
@@ -364,7 +404,8 @@ def _checkpointed_step_peak(model_file: Workload, plan: Plan, real: bool) -> int
         optimizer = make_optimizer(settings.get("optimizer", "adamw"), model)
         run = _Run(model, optimizer, inputs, settings.get("autocast"))
         with real_step_paths(inputs):
-            return _peak(model_file, run, torch.device("cpu"), settings.get("scope", "step"))
+            host = not get_device(settings.get("device", "cpu")).host_bandwidth
+            return _tracked_peak(model_file, run, settings.get("scope", "step"), host)
 
 
 def _to_device(tree: Any, device: torch.device) -> Any:

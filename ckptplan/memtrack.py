@@ -136,6 +136,10 @@ class LiveStorageTracker(TorchDispatchMode):
             self._gradient_keys.add(key)
             self.gradients += self._sizes[key]
 
+    def count(self, tensor: torch.Tensor) -> None:
+        """Count a storage made outside dispatch (while it lives)."""
+        self._track(tensor)
+
     def size_of(self, key: int) -> int:
         return self._sizes.get(key, 0)
 
@@ -190,3 +194,26 @@ def gradients_counted(model: torch.nn.Module, tracker: LiveStorageTracker) -> It
     finally:
         for hook in hooks:
             hook.remove()
+
+
+@contextlib.contextmanager
+def rng_states_counted(tracker: LiveStorageTracker) -> Iterator[None]:
+    """Count the CPU RNG states ``torch.utils.checkpoint`` stashes, one per region in flight
+    (``preserve_rng_state``), and the copy its recomputation holds while replaying them.
+
+    The generator makes them outside aten dispatch, so the tracker would miss them. Only for
+    ckptplan's own instrumented steps (the fake run, ``verify``'s tracker figure): the wrapper
+    is removed on exit.
+    """
+    original = torch.get_rng_state
+
+    def counted() -> torch.Tensor:
+        state = original()
+        tracker.count(state)
+        return state
+
+    torch.get_rng_state = counted
+    try:
+        yield
+    finally:
+        torch.get_rng_state = original

@@ -77,8 +77,9 @@ def to_chain(
             )
         blocks.append(block)
     enclosures = _enclosures(profile, scope)
+    states = profile.region_state_bytes
     if scope == "step":
-        return Chain(tuple(blocks), profile.tail_peaks, profile.fixed_peaks, enclosures)
+        return Chain(tuple(blocks), profile.tail_peaks, profile.fixed_peaks, enclosures, states)
     base = profile.persistent_bytes
     grads = dict(profile.event_grads)
     return Chain(
@@ -86,6 +87,7 @@ def to_chain(
         tail_peaks=tuple((v - base - grads.get(e, 0), e) for v, e in profile.tail_peaks),
         fixed_peaks=tuple((max(0, v - base - grads.get(e, 0)), e) for v, e in profile.fixed_peaks),
         enclosures=enclosures,
+        region_bytes=states,
     )
 
 

@@ -203,6 +203,10 @@ class Profile:
     blocks."""
     enclosures: tuple[EnclosingModule, ...] = ()
     """Modules around runs of blocks that may be checkpointed whole, nested (a stage)."""
+    region_state_bytes: int = 0
+    """Bytes each checkpointed region keeps outside aten dispatch in the device's memory: the
+    CPU RNG state that ``preserve_rng_state`` stashes, when the device is the CPU (on a GPU it
+    lies in host memory, and the GPU's own RNG state is a few bytes kept on the host too)."""
 
     @property
     def gradient_bytes(self) -> int:
@@ -809,6 +813,9 @@ def _assemble(
             for path, m in model.named_modules()
         ),
         enclosures=recorder.enclosing.enclosures() if recorder.enclosing else (),
+        region_state_bytes=(
+            0 if get_device(settings.device).host_bandwidth else torch.get_rng_state().numel()
+        ),
     )
 
 

@@ -45,6 +45,11 @@ def show_plan(plan: Plan, console: Console) -> None:
         f"{budget['scope']}) · predicted peak [bold]{format_bytes(p['peak_bytes'])}[/] at "
         f"{p['peak_event']} · recompute {_overhead(p)} of step time (estimated)"
     )
+    if budget.get("margin_percent"):
+        console.print(
+            f"margin: {budget['margin_percent']:g}% of the budget held back (--margin); the plan "
+            f"aims at {format_bytes(budget['aim_bytes'])}"
+        )
     if "fake_run_peak_bytes" in p:
         over = p["fake_run_peak_bytes"] > budget["bytes"]
         console.print(
@@ -96,8 +101,20 @@ def show_verification(result: Any, console: Console) -> None:
     table.add_column("value", justify="right")
     table.add_column("", justify="center")
     fits = result.measured_peak_bytes <= result.budget_bytes
+    instrument = "CUDA allocator" if result.device.startswith("cuda") else "CPU allocator"
     table.add_row("budget", f"{result.budget_bytes / 2**30:.3g} GiB", "")
-    table.add_row("measured peak", format_bytes(result.measured_peak_bytes), "✓" if fits else "✗")
+    table.add_row(
+        f"measured peak ({instrument})",
+        format_bytes(result.measured_peak_bytes),
+        "✓" if fits else "✗",
+    )
+    if result.tracked_peak_bytes is not None:
+        same = result.tracked_peak_bytes == result.measured_peak_bytes
+        table.add_row(
+            "peak by ckptplan's tracker",
+            format_bytes(result.tracked_peak_bytes),
+            "=" if same else "≠",
+        )
     table.add_row(
         "predicted peak",
         f"{format_bytes(result.predicted_peak_bytes)} ({100 * result.prediction_error:.1f}% off)",
@@ -105,6 +122,13 @@ def show_verification(result: Any, console: Console) -> None:
     )
     table.add_row("unchecked peak", format_bytes(result.baseline_peak_bytes), "")
     table.add_row("step time ratio", f"{result.step_time_ratio:.2f}x", "")
+    if result.predicted_overhead is not None:
+        measured = result.step_time_ratio - 1
+        table.add_row(
+            "overhead: predicted / measured",
+            f"+{100 * result.predicted_overhead:.0f}% / +{100 * measured:.0f}%",
+            "" if result.overhead_agrees else "differ by >25%",
+        )
     table.add_row(
         "max |grad difference|",
         f"{result.max_grad_abs_diff:.2e}",

@@ -128,6 +128,10 @@ class Chain:
     fixed_peaks: tuple[tuple[int, str], ...] = ()
     """(live bytes, label) of events no plan changes (embedding, optimizer step)."""
     enclosures: tuple[Enclosure, ...] = ()
+    region_bytes: int = 0
+    """Bytes each checkpoint keeps outside the ops, from its forward until its backward, in
+    the budgeted memory (the CPU RNG state ``preserve_rng_state`` stashes, on a CPU); its
+    recomputation holds one more (the state it restores afterwards) while it replays."""
 
 
 @dataclass(frozen=True)
@@ -230,7 +234,8 @@ def run_terms(
         recompute_live = last.bwd_start - total - dropped + restored + (b.input_bytes if i else 0)
         peak = b.fwd_peak if b is not last or final else _replayed_peak(b)
         transient = peak - b.fwd_start - kept[i]
-        events.append((recompute_live + transient + held, f"recompute of {b.name}"))
+        replay = chain.region_bytes  # the state the recomputation saves while it replays
+        events.append((recompute_live + transient + held + replay, f"recompute of {b.name}"))
         events.append((b.bwd_peak + extra_input + held, f"backward of {b.name}"))
         saved_before += savings[i]
         restored += b.saved_bytes - kept[i] if i == 0 else savings[i]
@@ -240,7 +245,17 @@ def run_terms(
     )
     recompute -= final.tail_time if final else last.tail_time
     events.extend((v - total, e) for v, e in last.after_peaks)
-    return RunTerms(tuple(events), total, recompute)
+    return _with_states(RunTerms(tuple(events), total, recompute), 1, chain.region_bytes)
+
+
+def _with_states(terms: RunTerms, checkpoints: int, region_bytes: int) -> RunTerms:
+    """``terms`` with the state each of its ``checkpoints`` keeps from its forward on."""
+    extra = checkpoints * region_bytes
+    return RunTerms(
+        tuple((v + extra, e) for v, e in terms.events),
+        terms.saving - checkpoints * region_bytes,
+        terms.recompute_time,
+    )
 
 
 def nested_terms(chain: Chain, index: int) -> RunTerms:
@@ -266,7 +281,8 @@ def nested_terms(chain: Chain, index: int) -> RunTerms:
     inputs = 0
     for i, b in enumerate(recomputed):
         inputs += b.input_bytes if i else 0
-        events.append((start + inputs + b.fwd_peak_nograd, f"recompute of {enclosure.name}"))
+        live = start + inputs + b.fwd_peak_nograd + chain.region_bytes
+        events.append((live, f"recompute of {enclosure.name}"))
     recompute = sum(b.fwd_time for b in recomputed)
     # Then each block backward as if checkpointed on its own: the enclosure holds the inputs
     # of the blocks before, as separate checkpoints would.
@@ -274,19 +290,21 @@ def nested_terms(chain: Chain, index: int) -> RunTerms:
     for i, b in enumerate(blocks):
         before = sum(singles[:i])
         own = b.bwd_start - singles[i] - b.own_output_bytes + _replayed_peak(b) - b.fwd_start
-        events.append((own - before, f"recompute of {b.name}"))
+        events.append((own - before + chain.region_bytes, f"recompute of {b.name}"))
         held = 0 if b.input_kept else b.input_bytes
         events.append((b.bwd_peak + held - before, f"backward of {b.name}"))
         recompute += b.fwd_time - b.tail_time
     if after:
         transient = after.fwd_peak - after.fwd_start + last.output_bytes
-        events.append((start + inputs + transient, f"recompute of {enclosure.name}"))
+        live = start + inputs + transient + chain.region_bytes
+        events.append((live, f"recompute of {enclosure.name}"))
         events.append((after.fwd_peak - sum(flat), f"forward of {enclosure.name}"))
         events.append((after.bwd_peak - sum(singles), f"backward of {enclosure.name}"))
         recompute += after.fwd_time
     else:
         events.extend((v - total, e) for v, e in last.after_peaks)
-    return RunTerms(tuple(events), total, recompute)
+    terms = RunTerms(tuple(events), total, recompute)
+    return _with_states(terms, 1 + len(blocks), chain.region_bytes)
 
 
 def validate_segments(chain: Chain, segments: Sequence[Segment]) -> list[Segment]:

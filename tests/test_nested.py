@@ -114,8 +114,10 @@ def test_a_nested_plan_predicts_what_the_real_step_measures(swin, segments, nest
     schedule = simulate(chain, segments, nested=nested)
     plan = plan_from_schedule(profile, chain, schedule, "", schedule.peak, "activations")
     check = ckptplan.verify(SWIN, plan, repeats=1)
-    assert check.measured_peak_bytes <= plan.budget["bytes"]
-    assert abs(check.measured_peak_bytes - schedule.peak) <= 0.01 * check.measured_peak_bytes
+    # The model may keep a saved tensor a little longer than the step does (to its node's
+    # end); the allocator also sees a few scalars made outside dispatch (the CPU's margin).
+    assert 0 <= schedule.peak - check.tracked_peak_bytes <= 256
+    assert abs(check.measured_peak_bytes - schedule.peak) <= 0.001 * schedule.peak
     assert check.max_grad_abs_diff <= 1e-6
     one_by_one = simulate(chain, [(k, k + 1) for k in range(chain.enclosures[0].end)])
     if nested == (0,):

@@ -1,0 +1,59 @@
+"""The CPU allocator's event stream as an instrument independent of ckptplan's tracker."""
+
+from __future__ import annotations
+
+import torch
+
+import ckptplan
+from ckptplan.allocmeter import allocator_peak
+from ckptplan.memtrack import LiveStorageTracker, rng_states_counted
+from tests.conftest import ROOT
+
+
+def test_the_allocator_sees_memory_made_outside_dispatch() -> None:
+    """A checkpoint's RNG state comes from the generator, not from an aten op: the allocator
+    counts it, the tracker only when told to."""
+    states: list[torch.Tensor] = []
+
+    def step() -> None:
+        states.append(torch.get_rng_state())
+
+    size = torch.get_rng_state().numel()
+    original = torch.get_rng_state
+    assert allocator_peak(step).step >= size
+    blind = LiveStorageTracker()
+    with blind:
+        step()
+    told = LiveStorageTracker()
+    with told, rng_states_counted(told):
+        step()
+    assert (blind.peak, told.peak) == (0, size)
+    assert torch.get_rng_state is original, "the counting wrapper is gone after the step"
+
+
+def test_a_gradient_leaves_the_activation_figure_once_accumulated() -> None:
+    layer = torch.nn.Linear(512, 512, bias=False)
+    x = torch.randn(64, 512)
+    grad_bytes = 512 * 512 * 4
+
+    def step() -> None:
+        layer(x).square().sum().backward()
+        torch.ones(4 * grad_bytes // 4)  # the step's peak, once the gradient exists
+
+    peak = allocator_peak(step, layer)
+    assert peak.step - peak.activations == grad_bytes
+    layer.zero_grad(set_to_none=True)
+    unmarked = allocator_peak(step)
+    assert unmarked.step == unmarked.activations == peak.step
+
+
+def test_verify_measures_with_the_allocator_and_the_plan_counts_each_region_state() -> None:
+    """GPT has dropout, so every region stashes the CPU RNG state: prediction, fake run,
+    allocator and tracker agree to the byte."""
+    model = ROOT / "sample_models" / "gpt.py"
+    plan = ckptplan.solve(model, budget="60%", solver="dp", scope="activations")
+    assert len(plan.regions) >= 2
+    check = ckptplan.verify(model, plan, repeats=1)
+    assert check.tracked_peak_bytes == check.measured_peak_bytes
+    assert plan.predicted["fake_run_peak_bytes"] == check.measured_peak_bytes
+    assert check.predicted_peak_bytes == check.measured_peak_bytes <= check.budget_bytes
