@@ -36,6 +36,11 @@ class Device:
     allocator's own figure but for scalars made outside dispatch (an optimizer's wrapped
     numbers, 8 bytes each): 0.1% covers them."""
 
+    allocation_block: int = 512
+    """Bytes every allocation is rounded up to, as the budgeted figure counts them: CUDA's
+    caching allocator hands out 512-byte multiples (``max_memory_allocated`` counts them so);
+    the CPU allocator's live bytes are the tensors' own."""
+
     def op_time(self, flops: float, bytes_moved: float, half: bool) -> float:
         peak = self.half_flops if half else self.fp32_flops
         return max(flops / peak, bytes_moved / self.bandwidth)
@@ -52,7 +57,15 @@ DEVICES = {
         Device("a100", 19.5e12, 312e12, 2.0e12, host_bandwidth=25e9),
         Device("l4", 30e12, 121e12, 0.3e12, host_bandwidth=25e9),
         Device("rtx4090", 82.6e12, 165e12, 1.0e12, host_bandwidth=25e9),
-        Device("cpu", 1.0e11, 0.5e11, 2.0e10, policy_op_time=45e-6, margin_percent=0.1),
+        Device(
+            "cpu",
+            1.0e11,
+            0.5e11,
+            2.0e10,
+            policy_op_time=45e-6,
+            margin_percent=0.1,
+            allocation_block=1,
+        ),
     )
 }
 

@@ -27,6 +27,7 @@ from ckptplan.allocmeter import allocator_peak
 from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError, raised_by_ckptplan
 from ckptplan.fakepaths import real_step_paths
+from ckptplan.gpukernels import GpuAttention
 from ckptplan.loading import Workload, build_fake, call_model
 from ckptplan.memtrack import (
     LiveStorageTracker,
@@ -146,14 +147,14 @@ def _measured_peak(
 
 
 def _tracked_peak(
-    model_file: Workload, run: _Run, scope: str = "step", host_memory: bool = True
+    model_file: Workload, run: _Run, scope: str = "step", host_memory: bool = True, block: int = 1
 ) -> int:
     """The same peak counted by the live-storage tracker the profiler uses (which also runs
     on fake tensors), plus, where the device memory is host memory, the CPU RNG states that
     checkpoints stash outside dispatch."""
     _step(model_file, run, seed=1)
     persistent = persistent_tensors(run.model, run.optimizer, run.inputs)
-    tracker = LiveStorageTracker(exclude=persistent)
+    tracker = LiveStorageTracker(exclude=persistent, block=block)
     states = rng_states_counted(tracker) if host_memory else nullcontext()
     with tracker, gradients_counted(run.model, tracker), states:
         _step(model_file, run, seed=2)
@@ -403,9 +404,12 @@ def _checkpointed_step_peak(model_file: Workload, plan: Plan, real: bool) -> int
         inputs = cast_floating(inputs, dtype)
         optimizer = make_optimizer(settings.get("optimizer", "adamw"), model)
         run = _Run(model, optimizer, inputs, settings.get("autocast"))
-        with real_step_paths(inputs):
-            host = not get_device(settings.get("device", "cpu")).host_bandwidth
-            return _tracked_peak(model_file, run, settings.get("scope", "step"), host)
+        target = get_device(settings.get("device", "cpu"))
+        host = not target.host_bandwidth
+        kernels = GpuAttention() if not host and not real else nullcontext()
+        with real_step_paths(inputs), kernels:
+            scope = settings.get("scope", "step")
+            return _tracked_peak(model_file, run, scope, host, target.allocation_block)
 
 
 def _to_device(tree: Any, device: torch.device) -> Any:

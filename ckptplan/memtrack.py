@@ -105,8 +105,11 @@ class Phase:
 class LiveStorageTracker(TorchDispatchMode):
     """Tracks live bytes of storages created while active, with labelled phases."""
 
-    def __init__(self, exclude: Iterable[torch.Tensor] = ()) -> None:
+    def __init__(self, exclude: Iterable[torch.Tensor] = (), block: int = 1) -> None:
         super().__init__()
+        self.block = block
+        """Allocation granularity: CUDA's caching allocator rounds every block up to 512 B,
+        which ``max_memory_allocated`` counts; 1 on the CPU."""
         self.live = 0
         self.peak = 0
         self.phases: list[Phase] = []
@@ -136,6 +139,10 @@ class LiveStorageTracker(TorchDispatchMode):
             self._gradient_keys.add(key)
             self.gradients += self._sizes[key]
 
+    def rounded(self, nbytes: int) -> int:
+        """``nbytes`` as the allocator hands them out (whole blocks)."""
+        return -(-nbytes // self.block) * self.block
+
     def count(self, tensor: torch.Tensor) -> None:
         """Count a storage made outside dispatch (while it lives)."""
         self._track(tensor)
@@ -160,7 +167,7 @@ class LiveStorageTracker(TorchDispatchMode):
         key = storage._cdata
         if key in self._sizes or key in self._known:
             return
-        size = real_storage_bytes(*self._op, tensor) if self._op else storage.nbytes()
+        size = self.rounded(real_storage_bytes(*self._op, tensor) if self._op else storage.nbytes())
         self._sizes[key] = size
         self.allocated_in[key] = len(self.phases) - 1
         self.live += size

@@ -45,6 +45,7 @@ from ckptplan.enclosures import EnclosingModule, EnclosureRecorder
 from ckptplan.errors import CkptplanError, raised_by_ckptplan
 from ckptplan.fakepaths import real_step_paths
 from ckptplan.fingerprint import inputs_signature, model_fingerprint
+from ckptplan.gpukernels import GpuAttention
 from ckptplan.loading import Workload, build_fake, call_model, describe_exception
 from ckptplan.memtrack import (
     LiveStorageTracker,
@@ -320,7 +321,7 @@ class _StepRecorder:
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
         label = self.tracker.phases[-1].label if self.tracker.phases else "start"
         key = storage_key(tensor)
-        size = tensor.untyped_storage().nbytes()
+        size = self.tracker.rounded(tensor.untyped_storage().nbytes())
         self.saved.setdefault(label, {})[key] = (size, self.tracker.allocated_in.get(key))
         if self.tracker.phases:
             self.replay_peaks[label] = self.tracker.phases[-1].peak
@@ -341,7 +342,8 @@ class _StepRecorder:
             self.mark(f"fwd:{index}")
             if x is None:
                 return
-            call.input_key, call.input_bytes = storage_key(x), x.untyped_storage().nbytes()
+            call.input_key = storage_key(x)
+            call.input_bytes = self.tracker.rounded(x.untyped_storage().nbytes())
             previous_out, previous_rest = self._previous
             rest = (
                 (args[1:], kwargs)
@@ -368,7 +370,7 @@ class _StepRecorder:
             call = self.calls[index]
             if out is not None:
                 call.output_key = storage_key(out)
-                call.output_bytes = out.untyped_storage().nbytes()
+                call.output_bytes = self.tracker.rounded(out.untyped_storage().nbytes())
                 call.output = weakref.ref(out.untyped_storage())
                 if out.requires_grad:
                     out.register_hook(lambda grad: self.mark(f"bwd:{index}"))
@@ -455,6 +457,8 @@ def _profile_step(model_file: Workload, settings: Settings, real: bool) -> Profi
         inputs = model_file.inputs(settings.batch_size)
         model, inputs, notes = _prepared(model, inputs, dtype)
         paths.enter_context(real_step_paths(inputs))
+        if device.host_bandwidth and not real:  # a GPU's attention kernels (see gpukernels)
+            paths.enter_context(GpuAttention())
         optimizer = make_optimizer(settings.optimizer, model)
         try:
             blocks = find_units(
@@ -467,7 +471,9 @@ def _profile_step(model_file: Workload, settings: Settings, real: bool) -> Profi
             recorder = _instrumented_step(
                 model_file, model, inputs, optimizer, blocks, ops, settings.autocast
             )
-            nograd = _nograd_transients(model, inputs, blocks, persistent, settings.autocast)
+            nograd = _nograd_transients(
+                model, inputs, blocks, persistent, settings.autocast, device.allocation_block
+            )
         except CkptplanError:
             raise
         except Exception as exc:
@@ -512,7 +518,7 @@ def _instrumented_step(
 ) -> _StepRecorder:
     """One unchecked step with phases marked, storages tracked and ops recorded."""
     persistent = persistent_tensors(model, optimizer, inputs)
-    tracker = LiveStorageTracker(exclude=persistent)
+    tracker = LiveStorageTracker(exclude=persistent, block=ops.device.allocation_block)
     params = [p for p in model.parameters() if p.requires_grad]
     recorder = _StepRecorder(blocks, tracker, ops, params)
     recorder.enclosing = EnclosureRecorder(model, blocks, tracker)
@@ -675,9 +681,11 @@ def _nograd_transients(
     blocks: list[tuple[str, torch.nn.Module]],
     persistent: list[torch.Tensor],
     autocast: str | None,
+    block: int,
 ) -> list[int]:
-    """Each block's forward peak above its start when it runs under ``no_grad``."""
-    tracker = LiveStorageTracker(exclude=persistent)
+    """Each block's forward peak above its start when it runs under ``no_grad`` (allocations
+    rounded up to ``block`` bytes)."""
+    tracker = LiveStorageTracker(exclude=persistent, block=block)
     recorder = _StepRecorder(blocks, tracker, None, [])
     with ExitStack() as stack:
         for handle in recorder.hooks():

@@ -45,6 +45,17 @@ def show_plan(plan: Plan, console: Console) -> None:
         f"{budget['scope']}) · predicted peak [bold]{format_bytes(p['peak_bytes'])}[/] at "
         f"{p['peak_event']} · recompute {_overhead(p)} of step time (estimated)"
     )
+    device = plan.settings.get("device", "cpu")
+    console.print(
+        "the budget is held against "
+        + (
+            "the CPU allocator's live bytes (as verify measures them)"
+            if device == "cpu"
+            else f"torch.cuda.max_memory_allocated on the {device} (512-byte blocks; the CUDA "
+            "context and reserved-but-free blocks are outside it, the cuBLAS workspace in the "
+            "margin)"
+        )
+    )
     if budget.get("margin_percent"):
         console.print(
             f"margin: {budget['margin_percent']:g}% of the budget held back (--margin); the plan "

@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections import Counter
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ from torch.utils.checkpoint import (
 
 from ckptplan.errors import CkptplanError
 from ckptplan.fingerprint import check_model_matches
+from ckptplan.gpukernels import GPU_ONLY_OPS, GpuAttention, emulated, runs_gpu_kernels
 from ckptplan.plan import Plan, Region, as_plan
 from ckptplan.training import first_tensor, training_conventions
 
@@ -164,6 +166,12 @@ class _RegionRun:
         self.bases = bases
         self.name = _region_name(paths)
         self.policy = _policy_ops(policy, self.name)
+        self.gpu_only = sorted(
+            {e.partition("#")[0] for e in sum(self.policy or ((), ()), ())} & GPU_ONLY_OPS
+        )
+        """Ops the policy names that only a CUDA device runs (a plan made for a GPU)."""
+        self.emulating = False
+        """The forward ran under ``GpuAttention`` (a fake run for a GPU): so does recompute."""
         self.stats = stats
         self.reporter = reporter
         self.steps: list[tuple[int, int, _RegionRun | None]] = [
@@ -194,7 +202,8 @@ class _RegionRun:
         with torch.no_grad(), _disable_current_modes():
             kept = [b.clone() for b in self.stateful]
         try:
-            return self._members(args, kwargs)
+            with GpuAttention() if self.emulating else nullcontext():
+                return self._members(args, kwargs)
         finally:
             with torch.no_grad(), _disable_current_modes():
                 for buffer, value in zip(self.stateful, kept, strict=True):
@@ -218,6 +227,8 @@ class _RegionRun:
         if torch.compiler.is_compiling():
             return self._checkpoint(args, kwargs)
         self.stats.forwards += 1
+        self.emulating = emulated()
+        self._check_device(args, kwargs)
         norms, others = self._buffers()
         versions = [b._version for b in others]
         outs = self._checkpoint(args, kwargs)
@@ -229,6 +240,14 @@ class _RegionRun:
 
     def _spread(self, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         return self.run(args, kwargs)
+
+    def _check_device(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        x = first_tensor((args, kwargs))
+        if self.gpu_only and x is not None and not runs_gpu_kernels(x):
+            raise CkptplanError(
+                f"the plan was made for a GPU: region {self.name} keeps {self.gpu_only[0]}, "
+                f"which {x.device.type} never runs; solve again with --device {x.device.type}"
+            )
 
     def _checkpoint(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         # The region's tensor arguments go to checkpoint one by one, so it saves them as saved
