@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -125,47 +125,107 @@ def solve(
     for name in BASELINES:
         base = run_solver(name, chain, None, **options)
         baselines[base.solver] = predict(prof, chain, base, scope).to_json()
-    target = aim
-    checked = fake_run and parallel is None
-    for attempt in range(FAKE_RUN_TRIES):
-        confirmed = None
-        try:
-            schedule = run_solver(solver, chain, target, **options)
-        except InfeasibleBudget as exc:
-            refusal = (budget_bytes, prof, solver, scope, held_back)
-            if not checked:
-                raise _below_least_peak(exc.least_peak, *refusal) from None
-            # The chain model keeps a saved tensor until its backward node ends; a checkpoint's
-            # recomputed copy dies at its last use inside the node. So the plan of least peak
-            # may run within a budget its prediction exceeds: the fake run decides.
-            schedule = run_solver(solver, chain, exc.least_peak, **options)
-            least = plan_from_schedule(prof, chain, schedule, "", exc.least_peak, scope, menus)
-            confirmed = fake_run_peak(workload, least)
-            if confirmed > aim:
-                raise _below_least_peak(confirmed, *refusal) from None
-        plan = plan_from_schedule(prof, chain, schedule, parsed.text, budget_bytes, scope, menus)
-        plan = replace(
-            plan,
-            budget={**plan.budget, "margin_percent": held_back, "aim_bytes": aim},
-            settings={**plan.settings, "world_size": world_size, "parallel": parallel},
-        )
-        plan.baselines.update(baselines)
-        if not checked:
-            return plan
-        if confirmed is None:
-            confirmed = fake_run_peak(workload, plan)
-        plan.predicted["fake_run_peak_bytes"] = confirmed
-        if confirmed <= aim:
-            return plan
-        if solver not in ("dp", "auto"):
-            break
-        target -= (confirmed - aim) * 2**attempt
+    search = _Search(
+        prof=prof,
+        chain=chain,
+        menus=menus,
+        workload=workload,
+        options=options,
+        budget_text=parsed.text,
+        budget_bytes=budget_bytes,
+        aim=aim,
+        scope=scope,
+        margin=held_back,
+        settings={"world_size": world_size, "parallel": parallel},
+        baselines=baselines,
+        checked=fake_run and parallel is None,
+    )
+    plan, confirmed = search.run(solver)
+    if plan is None and solver == "auto":
+        # Selective plans the fake run puts over, however low the target: the best of segments.
+        plan, confirmed = search.run("dp")
+    if plan is not None:
+        return plan
     raise CkptplanError(
         f"the checkpointed step, run on fake tensors, needs {format_bytes(confirmed)}, over "
         f"the {format_bytes(aim)} the budget {format_bytes(budget_bytes)} leaves with every "
         f"plan {solver} found for it; use --budget "
         f"{format_budget_at_least(_admitting(confirmed, held_back))} or more"
     )
+
+
+@dataclass(frozen=True)
+class _Search:
+    """One solve's problem and budget: solver runs, each plan confirmed by a fake run."""
+
+    prof: Profile
+    chain: Chain
+    menus: list[list[Selection]] | None
+    workload: Workload
+    options: dict[str, Any]
+    budget_text: str
+    budget_bytes: int
+    aim: int
+    scope: str
+    margin: float
+    settings: dict[str, Any]
+    baselines: dict[str, Any]
+    checked: bool
+
+    def run(self, solver: str) -> tuple[Plan | None, int]:
+        """The plan of ``solver`` whose fake run fits the aim, or None with the last fake-run
+        peak; each retry takes the overshoot (doubled each time) off the solver's target."""
+        target = self.aim
+        confirmed = 0
+        for attempt in range(FAKE_RUN_TRIES):
+            schedule, known = self._schedule(solver, target)
+            plan = self._plan(schedule)
+            if not self.checked:
+                return plan, 0
+            confirmed = known if known is not None else fake_run_peak(self.workload, plan)
+            plan.predicted["fake_run_peak_bytes"] = confirmed
+            if confirmed <= self.aim:
+                return plan, confirmed
+            if solver not in ("dp", "auto"):
+                break
+            target -= (confirmed - self.aim) * 2**attempt
+        return None, confirmed
+
+    def _schedule(self, solver: str, target: int) -> tuple[Schedule, int | None]:
+        """The solver's schedule for ``target``, or below its least peak the schedule of least
+        peak with its fake-run peak, when that fits the aim."""
+        try:
+            return run_solver(solver, self.chain, target, **self.options), None
+        except InfeasibleBudget as exc:
+            refusal = (self.budget_bytes, self.prof, solver, self.scope, self.margin)
+            if not self.checked:
+                raise _below_least_peak(exc.least_peak, *refusal) from None
+            # The chain model keeps a saved tensor until its backward node ends; a checkpoint's
+            # recomputed copy dies at its last use inside the node. So the plan of least peak
+            # may run within a budget its prediction exceeds: the fake run decides.
+            schedule = run_solver(solver, self.chain, exc.least_peak, **self.options)
+            confirmed = fake_run_peak(self.workload, self._plan(schedule))
+            if confirmed > self.aim:
+                raise _below_least_peak(confirmed, *refusal) from None
+            return schedule, confirmed
+
+    def _plan(self, schedule: Schedule) -> Plan:
+        plan = plan_from_schedule(
+            self.prof,
+            self.chain,
+            schedule,
+            self.budget_text,
+            self.budget_bytes,
+            self.scope,
+            self.menus,
+        )
+        plan = replace(
+            plan,
+            budget={**plan.budget, "margin_percent": self.margin, "aim_bytes": self.aim},
+            settings={**plan.settings, **self.settings},
+        )
+        plan.baselines.update(self.baselines)
+        return plan
 
 
 def _margin(percent: float | None, device: str) -> float:

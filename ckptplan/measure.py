@@ -48,6 +48,7 @@ from ckptplan.training import (
     persistent_tensors,
     training_conventions,
 )
+from ckptplan.workspace import Workspaces
 from ckptplan.wrapping import apply
 
 
@@ -73,6 +74,9 @@ class Verification:
     ``measured_peak_bytes``: where they differ, the tracker misses something."""
     predicted_overhead: float | None = None
     """The plan's predicted recompute time over its step time, beside ``step_time_ratio - 1``."""
+    reserved_peak_bytes: int | None = None
+    """On CUDA, the peak the caching allocator reserved (what ``nvidia-smi`` sees, less the
+    context): ``measured_peak_bytes`` plus rounding to segments and fragmentation."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -129,21 +133,24 @@ def _step(model_file: Workload, run: _Run, seed: int) -> None:
 
 def _measured_peak(
     model_file: Workload, run: _Run, device: torch.device, scope: str = "step"
-) -> int:
+) -> tuple[int, int | None]:
     """Peak bytes of one steady-state step by the device's allocator: CUDA's statistics, or
     on CPU the allocator's event stream (``allocmeter``). In scope ``activations`` without the
     parameters, optimizer state and batch, and on CPU without each gradient from the moment it
-    exists (on CUDA the gradients stay in: an upper bound)."""
+    exists (on CUDA the gradients stay in: an upper bound). With it, on CUDA, the peak the
+    caching allocator reserved (``max_memory_reserved``, the same bytes taken off)."""
     _step(model_file, run, seed=1)
     persistent = storage_bytes(persistent_tensors(run.model, run.optimizer, run.inputs))
     if device.type == "cuda":
+        outside = persistent if scope != "step" else 0
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         _step(model_file, run, seed=2)
         torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device) - (persistent if scope != "step" else 0)
+        allocated = torch.cuda.max_memory_allocated(device) - outside
+        return allocated, torch.cuda.max_memory_reserved(device) - outside
     peak = allocator_peak(lambda: _step(model_file, run, seed=2), run.model)
-    return peak.activations if scope == "activations" else persistent + peak.step
+    return (peak.activations if scope == "activations" else persistent + peak.step), None
 
 
 def _tracked_peak(
@@ -154,7 +161,8 @@ def _tracked_peak(
     checkpoints stash outside dispatch."""
     _step(model_file, run, seed=1)
     persistent = persistent_tensors(run.model, run.optimizer, run.inputs)
-    tracker = LiveStorageTracker(exclude=persistent, block=block)
+    workspaces = Workspaces() if host_memory else None
+    tracker = LiveStorageTracker(persistent, block, workspaces)
     states = rng_states_counted(tracker) if host_memory else nullcontext()
     with tracker, gradients_counted(run.model, tracker), states:
         _step(model_file, run, seed=2)
@@ -198,6 +206,8 @@ class Comparison:
     step_time_ratio_range: tuple[float, float]
     tracked_peak_bytes: int | None = None
     """The candidate's peak by the profiler's live-storage tracker (CPU only)."""
+    reserved_peak_bytes: int | None = None
+    """The candidate's peak reserved by CUDA's caching allocator (CUDA only)."""
 
 
 def _paired_times(
@@ -248,9 +258,10 @@ def _compare(
     times = _paired_times(model_file, runs, target, repeats)
     ratios = _pair_ratios(times)
     return Comparison(
-        measured_peak_bytes=peaks["candidate"],
-        baseline_peak_bytes=peaks["baseline"],
+        measured_peak_bytes=peaks["candidate"][0],
+        baseline_peak_bytes=peaks["baseline"][0],
         tracked_peak_bytes=tracked,
+        reserved_peak_bytes=peaks["candidate"][1],
         step_time_s=statistics.median(times["candidate"]),
         baseline_step_time_s=statistics.median(times["baseline"]),
         max_grad_abs_diff=max_diff,
@@ -300,6 +311,7 @@ def verify_plan(
         step_time_ratio_range=result.step_time_ratio_range,
         tracked_peak_bytes=result.tracked_peak_bytes,
         predicted_overhead=plan.predicted.get("overhead"),
+        reserved_peak_bytes=result.reserved_peak_bytes,
     )
 
 

@@ -105,8 +105,12 @@ class Phase:
 class LiveStorageTracker(TorchDispatchMode):
     """Tracks live bytes of storages created while active, with labelled phases."""
 
-    def __init__(self, exclude: Iterable[torch.Tensor] = (), block: int = 1) -> None:
+    def __init__(
+        self, exclude: Iterable[torch.Tensor] = (), block: int = 1, workspaces: Any = None
+    ) -> None:
         super().__init__()
+        self.workspaces = workspaces
+        """``workspace.Workspaces`` on the CPU: buffers kernels allocate below dispatch."""
         self.block = block
         """Allocation granularity: CUDA's caching allocator rounds every block up to 512 B,
         which ``max_memory_allocated`` counts; 1 on the CPU."""
@@ -151,6 +155,7 @@ class LiveStorageTracker(TorchDispatchMode):
         return self._sizes.get(key, 0)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        before = self.live
         out = func(*args, **(kwargs or {}))
         self.ops += 1
         self._op = (func, args)
@@ -160,7 +165,21 @@ class LiveStorageTracker(TorchDispatchMode):
                     self._track(leaf)
         finally:
             self._op = None
+        if self.workspaces is not None:
+            inside = self.workspaces.peak_of(func, args, kwargs or {})
+            if inside:
+                self._peak_at(before + inside)
         return out
+
+    def _peak_at(self, live: int) -> None:
+        """A moment inside an op when ``live`` bytes were live (its own buffers included)."""
+        self.peak = max(self.peak, live)
+        activations = live - self.gradients
+        self.activation_peak = max(self.activation_peak, activations)
+        if self.phases:
+            phase = self.phases[-1]
+            phase.peak = max(phase.peak, live)
+            phase.activation_peak = max(phase.activation_peak, activations)
 
     def _track(self, tensor: torch.Tensor) -> None:
         storage = tensor.untyped_storage()

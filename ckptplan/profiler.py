@@ -40,7 +40,7 @@ from torch.utils.checkpoint import (
 from torch.utils.module_tracker import ModuleTracker
 
 from ckptplan.costs import OpRecord, OpRecorder, block_forward_records, replayed_count
-from ckptplan.devices import get_device
+from ckptplan.devices import Device, get_device
 from ckptplan.enclosures import EnclosingModule, EnclosureRecorder
 from ckptplan.errors import CkptplanError, raised_by_ckptplan
 from ckptplan.fakepaths import real_step_paths
@@ -67,6 +67,7 @@ from ckptplan.training import (
     training_conventions,
 )
 from ckptplan.units import find_units
+from ckptplan.workspace import Workspaces
 
 MEASURED_STEPS = 3
 """Real steps timed op by op with ``--measure`` (each op's median is kept)."""
@@ -472,7 +473,7 @@ def _profile_step(model_file: Workload, settings: Settings, real: bool) -> Profi
                 model_file, model, inputs, optimizer, blocks, ops, settings.autocast
             )
             nograd = _nograd_transients(
-                model, inputs, blocks, persistent, settings.autocast, device.allocation_block
+                model, inputs, blocks, persistent, settings.autocast, device
             )
         except CkptplanError:
             raise
@@ -507,6 +508,13 @@ def _prepared(
     return cast_model(model, dtype).train(), cast_floating(inputs, dtype), notes
 
 
+def _tracker(persistent: list[torch.Tensor], device: Device) -> LiveStorageTracker:
+    """The live-storage tracker for ``device``: its allocation blocks, and on the CPU the
+    buffers its kernels allocate below dispatch (``workspace``)."""
+    workspaces = None if device.host_bandwidth else Workspaces()
+    return LiveStorageTracker(persistent, device.allocation_block, workspaces)
+
+
 def _instrumented_step(
     model_file: Workload,
     model: torch.nn.Module,
@@ -518,7 +526,7 @@ def _instrumented_step(
 ) -> _StepRecorder:
     """One unchecked step with phases marked, storages tracked and ops recorded."""
     persistent = persistent_tensors(model, optimizer, inputs)
-    tracker = LiveStorageTracker(exclude=persistent, block=ops.device.allocation_block)
+    tracker = _tracker(persistent, ops.device)
     params = [p for p in model.parameters() if p.requires_grad]
     recorder = _StepRecorder(blocks, tracker, ops, params)
     recorder.enclosing = EnclosureRecorder(model, blocks, tracker)
@@ -681,11 +689,10 @@ def _nograd_transients(
     blocks: list[tuple[str, torch.nn.Module]],
     persistent: list[torch.Tensor],
     autocast: str | None,
-    block: int,
+    device: Device,
 ) -> list[int]:
-    """Each block's forward peak above its start when it runs under ``no_grad`` (allocations
-    rounded up to ``block`` bytes)."""
-    tracker = LiveStorageTracker(exclude=persistent, block=block)
+    """Each block's forward peak above its start when it runs under ``no_grad``."""
+    tracker = _tracker(persistent, device)
     recorder = _StepRecorder(blocks, tracker, None, [])
     with ExitStack() as stack:
         for handle in recorder.hooks():

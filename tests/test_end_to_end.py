@@ -18,7 +18,16 @@ def gpt_bounds() -> tuple[int, int]:
     return full.predicted["peak_bytes"], full.baselines["none"]["peak_bytes"]
 
 
-@pytest.mark.parametrize("position", [0.02, 0.25, 0.5, 0.75, 1.0])
+@pytest.mark.parametrize(
+    "position",
+    [
+        0.02,
+        pytest.param(0.25, marks=pytest.mark.slow),
+        0.5,
+        pytest.param(0.75, marks=pytest.mark.slow),
+        pytest.param(1.0, marks=pytest.mark.slow),
+    ],
+)
 def test_gpt_plans_fit_their_budget_and_keep_gradients(gpt_bounds, position) -> None:
     low, high = gpt_bounds
     budget = int(low + position * (high - low))
