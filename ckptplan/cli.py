@@ -406,7 +406,9 @@ def show(plan_file: str, as_json: bool) -> None:
     show_default=True,
     help="Timed steps per variant (interleaved; the median counts).",
 )
-@click.option("--force", is_flag=True, help="Apply even if the model's fingerprint differs.")
+@click.option(
+    "--force", is_flag=True, help="Measure even if the plan is for another model or device."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @user_errors
 def verify(

@@ -291,6 +291,14 @@ def verify_plan(
 ) -> Verification:
     """Measure the plan's step against the unchecked step of the same model and batch."""
     target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    kind = plan.settings.get("device", "cpu")
+    if (kind == "cpu") != (target.type == "cpu") and not force:
+        where = "a CUDA GPU (--device cuda)" if kind != "cpu" else "the CPU (--device cpu)"
+        raise CkptplanError(
+            f"the plan was made for {kind} and predicts that device's memory; verify it on "
+            f"{where}, solve again with --device {'cpu' if target.type == 'cpu' else 'h100'}, "
+            "or pass --force to measure it here anyway"
+        )
     baseline_model, inputs, dtype = _baseline(model_file, plan.settings, target)
     planned_model = apply(copy.deepcopy(baseline_model), plan, force=force)
     result = _compare(

@@ -87,3 +87,9 @@ def test_a_gpu_plan_recomputes_with_the_gpus_kernels_in_its_fake_run() -> None:
     plan = ckptplan.solve(GPT, budget="80%", solver="dp", device="h100", dtype="bf16")
     assert plan.regions
     assert plan.predicted["fake_run_peak_bytes"] == plan.predicted["peak_bytes"]
+
+
+def test_verify_refuses_to_judge_a_gpu_plan_on_the_cpu() -> None:
+    plan = ckptplan.solve(GPT, budget="100%", solver="none", device="h100", fake_run=False)
+    with pytest.raises(CkptplanError, match=r"made for h100.*--device cuda.*--force"):
+        ckptplan.verify(GPT, plan, device="cpu", repeats=1)
