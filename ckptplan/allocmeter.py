@@ -29,6 +29,8 @@ import torch
 from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from ckptplan.memtrack import on_accumulated
+
 _MARK = "ckptplan::gradient@"
 _LOG_LEVEL = "KINETO_LOG_LEVEL"
 
@@ -89,23 +91,13 @@ def _quiet_profiler() -> Iterator[None]:
         os.environ.pop(_LOG_LEVEL, None)
 
 
-@contextlib.contextmanager
-def _gradient_marks(model: torch.nn.Module | None) -> Iterator[None]:
+def _gradient_marks(model: torch.nn.Module | None) -> Any:
     def mark(parameter: torch.Tensor) -> None:
         if parameter.grad is not None:
             with record_function(f"{_MARK}{parameter.grad.untyped_storage().data_ptr()}"):
                 pass
 
-    hooks = [
-        p.register_post_accumulate_grad_hook(mark)
-        for p in (model.parameters() if model is not None else ())
-        if p.requires_grad
-    ]
-    try:
-        yield
-    finally:
-        for hook in hooks:
-            hook.remove()
+    return on_accumulated(model, mark)
 
 
 def _events(nodes: Any) -> Iterator[tuple[int, str, int, int]]:

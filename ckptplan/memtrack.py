@@ -17,7 +17,7 @@ import ctypes
 import ctypes.util
 import math
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -208,11 +208,13 @@ class LiveStorageTracker(TorchDispatchMode):
 
 
 @contextlib.contextmanager
-def gradients_counted(model: torch.nn.Module, tracker: LiveStorageTracker) -> Iterator[None]:
-    """Tell ``tracker`` of each parameter's gradient the moment it is accumulated."""
+def on_accumulated(
+    model: torch.nn.Module | None, fn: Callable[[torch.Tensor], None]
+) -> Iterator[None]:
+    """Call ``fn(parameter)`` each time a trainable parameter's gradient is accumulated."""
     hooks = [
-        p.register_post_accumulate_grad_hook(lambda p: tracker.count_as_gradient(p.grad))
-        for p in model.parameters()
+        p.register_post_accumulate_grad_hook(fn)
+        for p in (model.parameters() if model is not None else ())
         if p.requires_grad
     ]
     try:
@@ -220,6 +222,11 @@ def gradients_counted(model: torch.nn.Module, tracker: LiveStorageTracker) -> It
     finally:
         for hook in hooks:
             hook.remove()
+
+
+def gradients_counted(model: torch.nn.Module, tracker: LiveStorageTracker) -> Any:
+    """Tell ``tracker`` of each parameter's gradient the moment it is accumulated."""
+    return on_accumulated(model, lambda p: tracker.count_as_gradient(p.grad))
 
 
 @contextlib.contextmanager
