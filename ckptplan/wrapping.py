@@ -10,8 +10,10 @@ own output and each later member hands back the output computed for it, after ch
 received the output of the member before it (which the profiler checked before the solver was
 allowed to join them).
 
-Nothing on the checkpointed path mutates Python state while ``torch.compile`` traces it, so a
-checkpointed model compiles without graph breaks; in eager mode each region counts its
+Nothing on the checkpointed path mutates Python state while ``torch.compile`` traces it (no
+counter either: dynamo guards on what it reads, and a counter read in the trace would recompile
+the model at every step), so a checkpointed model compiles once, without graph breaks; in eager
+mode each region counts its
 recomputations, and the first backward logs how many regions were recomputed (and warns about
 any that ran forward but never recomputed), so a plan cannot be silently not applied.
 
@@ -62,8 +64,6 @@ class RegionStats:
     name: str
     forwards: int = 0
     recomputes: int = 0
-    compiled_calls: int = 0
-    """Forward calls traced by ``torch.compile``, whose backward recomputes inside the graph."""
 
 
 @dataclass
@@ -292,8 +292,6 @@ class _RegionRun:
     def call(self, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """A member's ``__call__`` from outside the region."""
         if index == 0:
-            if torch.compiler.is_compiling():
-                self.stats.compiled_calls += 1
             outs = self.checkpointed(args, kwargs)
             self.pending = list(outs[1:])
             self.expected = first_tensor(outs[0]) if self.pending else None
