@@ -2,9 +2,11 @@
 
 For every sample model and the plans none, full, sqrt and dp at three budgets: the chain
 model's predicted peak, the fake-run peak (the checkpointed step executed on fake tensors) and
-the measured peak of a real step on this machine; and the predicted recompute overhead (op
-times measured with ``--measure``) against the measured step-time ratio minus one (the median
-of back-to-back pairs; ``measured_overhead_range`` is the least and greatest pair, the noise).
+the measured peak of a real step on this machine; and the predicted recompute overhead, both
+with op times measured (``--measure``) and from the default CPU roofline (``roofline_overhead``,
+what ``solve`` predicts without ``--measure``), against the measured step-time ratio minus one
+(the median of back-to-back pairs; ``measured_overhead_range`` is the least and greatest pair,
+the noise). A prediction agrees when it is within 25% (relative) of the measured overhead.
 
     python benchmarks/accuracy.py [--models gpt mlp] [--repeats 5] [--threads 1]
 
@@ -31,15 +33,23 @@ from ckptplan.loading import load_model_file
 from ckptplan.measure import fake_run_peak
 from ckptplan.problem import to_chain
 from ckptplan.solvers import run_solver
+from ckptplan.solvers.chain import simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "accuracy.json"
 MODELS = ("mlp", "gpt", "resnet", "unet", "vit")
 
 
+def agrees(predicted: float, measured: float) -> bool:
+    """Within 25% relative of the measured overhead (the test ``verify`` reports)."""
+    return abs(predicted - measured) <= 0.25 * abs(measured)
+
+
 def cases(model: Path, repeats: int) -> list[dict]:
     profile = ckptplan.profile(model, measure=True)
     chain = to_chain(profile)
+    roofline = ckptplan.profile(model)
+    roofline_chain = to_chain(roofline)
     none, full = run_solver("none", chain, None), run_solver("full", chain, None)
     schedules = [none, full, run_solver("sqrt", chain, None)]
     for fraction in (0.25, 0.5, 0.75):
@@ -53,6 +63,7 @@ def cases(model: Path, repeats: int) -> list[dict]:
         result = ckptplan.verify(model, plan, repeats=repeats)
         measured = result.measured_peak_bytes
         low, high = result.step_time_ratio_range
+        roofline_time = simulate(roofline_chain, schedule.segments).recompute_time
         rows.append(
             {
                 "model": model.name,
@@ -64,6 +75,7 @@ def cases(model: Path, repeats: int) -> list[dict]:
                 "peak_error": (schedule.peak - measured) / measured,
                 "fake_run_error": (fake - measured) / measured,
                 "predicted_overhead": plan.predicted["overhead"],
+                "roofline_overhead": roofline_time / roofline.step_time,
                 "measured_overhead": result.step_time_ratio - 1,
                 "measured_overhead_range": [low - 1, high - 1],
                 "max_grad_abs_diff": result.max_grad_abs_diff,
@@ -95,6 +107,7 @@ def main() -> None:
         "peak err",
         "fake err",
         "overhead pred",
+        "roofline",
         "overhead meas",
         "meas range",
         "grad diff",
@@ -110,6 +123,7 @@ def main() -> None:
             f"{100 * r['peak_error']:+.1f}%",
             f"{100 * r['fake_run_error']:+.2f}%",
             f"{100 * r['predicted_overhead']:.1f}%",
+            f"{100 * r['roofline_overhead']:.1f}%",
             f"{100 * r['measured_overhead']:.1f}%",
             "{:.0f}..{:.0f}%".format(*(100 * x for x in r["measured_overhead_range"])),
             f"{r['max_grad_abs_diff']:.0e}",
@@ -118,9 +132,16 @@ def main() -> None:
     console.print(table)
     worst_peak = max(abs(r["peak_error"]) for r in rows)
     worst_fake = max(abs(r["fake_run_error"]) for r in rows)
+    checked = [r for r in rows if r["plan"] != "none"]
+    agree = {
+        key: sum(agrees(r[key], r["measured_overhead"]) for r in checked)
+        for key in ("predicted_overhead", "roofline_overhead")
+    }
     console.print(
         f"worst peak error {100 * worst_peak:.2f}%, worst fake-run error {100 * worst_fake:.2f}%"
-        f" ({torch.get_num_threads()} CPU threads)"
+        f" ({torch.get_num_threads()} CPU threads); overhead within 25% of measured in"
+        f" {agree['predicted_overhead']} of {len(checked)} plans measured op by op,"
+        f" {agree['roofline_overhead']} of {len(checked)} from the roofline"
     )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(
@@ -129,6 +150,7 @@ def main() -> None:
                 "cases": rows,
                 "worst_peak_error": worst_peak,
                 "worst_fake_run_error": worst_fake,
+                "overhead_agrees": {key: [n, len(checked)] for key, n in agree.items()},
                 "threads": torch.get_num_threads(),
             },
             indent=2,

@@ -25,7 +25,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.module_tracker import ModuleTracker
 
-from ckptplan.devices import Device
+from ckptplan.devices import Device, op_kind
 from ckptplan.memtrack import real_storage_bytes
 
 
@@ -54,6 +54,10 @@ class OpRecord:
     """Bytes of the storages this op brought into being (none for in-place ops and aliases)."""
     overwritten_bytes: int = 0
     """Bytes of recorded ops' storages this op overwrote in place (a new version of them)."""
+    moved_bytes: int = 0
+    """Bytes of its tensor arguments and outputs: what the roofline's memory side moves."""
+    half: bool = False
+    """Its outputs are bf16/fp16 (tensor-core math on a GPU)."""
 
 
 def block_forward_records(records: Sequence[OpRecord], blocks: int) -> list[list[OpRecord]]:
@@ -97,6 +101,38 @@ def op_flops(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any)
 def _tensor_bytes(tree: Any) -> int:
     leaves = pytree.tree_leaves(tree)
     return sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
+
+
+def _bytes_moved(
+    func: Any, args: Any, kwargs: dict[str, Any], out: Any, read: dict[int, None]
+) -> int:
+    """What the roofline's memory side moves: every tensor argument and output once, but
+    nothing for an op that only allocates (``empty_like``) or only relabels its input
+    (``_unsafe_view``: its outputs alias what it reads)."""
+    if func._overloadpacket.__name__.startswith(("empty", "new_empty")):
+        return 0
+    outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    if (
+        not func._schema.is_mutable
+        and outs
+        and all(t.untyped_storage()._cdata in read for t in outs)
+    ):
+        return 0
+    return _moved_bytes((args, kwargs)) + _moved_bytes(out)
+
+
+def _moved_bytes(tree: Any) -> int:
+    """Bytes a kernel reads or writes for these tensors: an expanded tensor (a broadcast
+    gradient) is read from its storage, not once per element it stands for."""
+    return sum(_read_bytes(t) for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor))
+
+
+def _read_bytes(tensor: torch.Tensor) -> int:
+    nbytes = tensor.numel() * tensor.element_size()
+    try:
+        return min(nbytes, tensor.untyped_storage().nbytes())
+    except (RuntimeError, NotImplementedError):  # no storage of its own (sparse, subclasses)
+        return nbytes
 
 
 def _is_random(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -144,11 +180,13 @@ class OpRecorder(TorchDispatchMode):
         read = self._storages(args, kwargs)
         inputs = tuple(dict.fromkeys(self._writer[k] for k in read if k in self._writer))
         flops = op_flops(func, args, kwargs, out)
-        moved = _tensor_bytes(args) + _tensor_bytes(out)
+        moved = _bytes_moved(func, args, kwargs, out, read)
         half = any(
             isinstance(t, torch.Tensor) and t.dtype in (torch.bfloat16, torch.float16)
             for t in pytree.tree_leaves(out)
         )
+        random = _is_random(func, args, kwargs)
+        kind = "random" if random else op_kind(str(func))
         fresh: dict[int, torch.UntypedStorage] = {}
         fresh_bytes: dict[int, int] = {}
         for leaf in pytree.tree_leaves(out):
@@ -167,14 +205,16 @@ class OpRecorder(TorchDispatchMode):
                 output_bytes=_tensor_bytes(out),
                 saved_bytes=0,
                 flops=flops,
-                time=elapsed if self.measure else self.device.op_time(flops, moved, half),
-                random=_is_random(func, args, kwargs),
+                time=elapsed if self.measure else self.device.op_time(kind, flops, moved, half),
+                random=random,
                 inplace=func._schema.is_mutable,
                 inputs=inputs,
                 allocated_bytes=sum(fresh_bytes.values()),
                 overwritten_bytes=sum(
                     nbytes for key, nbytes in written.items() if key in self._writer
                 ),
+                moved_bytes=moved,
+                half=half,
             )
         )
         index = len(self.records) - 1

@@ -1,17 +1,72 @@
 """Roofline figures of the devices ckptplan can estimate time for, without running there.
 
-An op's time is ``max(FLOPs / peak FLOP/s for its dtype, bytes moved / memory bandwidth)``.
-Figures are dense (no sparsity) vendor peaks; ``cpu`` is a two-core laptop-class machine (its
-policy cost measured with ``--measure`` on the GPT sample's blocks: 34-58 µs per op call).
-``host_bandwidth`` is what one direction of the host link (PCIe) sustains, the price of
-offloading a saved tensor to host memory and back; a CPU has no host to offload to.
+An op's time is its launch cost plus ``max(FLOPs / achieved FLOP/s, bytes moved / achieved
+bandwidth)``, where "achieved" is the vendor's dense peak times the share of it that op's class
+reaches (``Efficiency``). ``host_bandwidth`` is what one direction of the host link (PCIe)
+sustains, the price of offloading a saved tensor to host memory and back; a CPU has no host to
+offload to.
+
+Note [where the GPU efficiencies come from]
+    Published measurements, rounded down: large bf16 GEMMs in cuBLAS reach 70-80% of the dense
+    tensor-core peak on A100 and H100 (NVIDIA's own GEMM benchmarks; MLPerf training MFUs of
+    40-55% include everything else). FlashAttention-2 reports 50-73% of the A100 peak in
+    forward and less in backward; FlashAttention-3 about 75% of the H100's in forward, so one
+    figure of 50% covers both passes. Memory-bound kernels (pointwise, norms, softmax) stream at
+    80-90% of HBM peak (STREAM-like copy kernels). A kernel launched from eager PyTorch costs
+    its host about 4-10 µs; most of that hides behind the previous kernel, but short kernels
+    are launch-bound, so each op pays 4 µs.
+
+Note [where the CPU figures come from]
+    Fitted, not quoted: ``benchmarks/calibrate_cpu.py`` times every op of the sample models'
+    steps on this project's 2-core reference machine (one thread) and fits the four figures to
+    the measured times; its result is in ``benchmarks/results/cpu_calibration.json``. The
+    half-precision rate is not fitted (the samples train in fp32): half the fp32 rate. What a
+    plan's overhead depends on is the ratio of recomputed to total time, which a faster or
+    slower CPU of the same kind scales alike. ``--measure`` times the ops on the machine itself.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 from ckptplan.errors import CkptplanError
+
+OpKind = Literal["matmul", "attention", "memory", "random"]
+"""Which roofline an op runs against: GEMM/convolution units, attention kernels, memory, or
+memory at the rate a random-number kernel fills it (dropout's masks: the CPU's generator is
+several times slower than its memory)."""
+
+_MATMUL_OPS = frozenset(
+    ("mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "convolution", "_convolution")
+)
+
+
+def op_kind(name: str) -> OpKind:
+    """The class of an aten op by its name (``aten.addmm.default`` -> ``"matmul"``).
+
+    >>> op_kind("aten.convolution_backward.default"), op_kind("aten.gelu.default")
+    ('matmul', 'memory')
+    """
+    base = name.split(".")[1] if name.startswith("aten.") else name.split(".")[0]
+    if "attention" in base:
+        return "attention"
+    if base in _MATMUL_OPS or "convolution" in base:
+        return "matmul"
+    return "memory"
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Share of the vendor peak each op class achieves, and the fixed cost of one op call."""
+
+    matmul: float = 0.7
+    attention: float = 0.5
+    memory: float = 0.8
+    random: float = 0.8
+    """Share of memory bandwidth a kernel drawing random numbers streams at."""
+    launch: float = 4e-6
+    """Seconds each op call costs beyond its roofline time (kernel launch, dispatch)."""
 
 
 @dataclass(frozen=True)
@@ -24,6 +79,7 @@ class Device:
     """Memory bandwidth in bytes per second."""
     host_bandwidth: float = 0.0
     """Bytes per second to and from host memory; 0 where the device memory is host memory."""
+    efficiency: Efficiency = field(default_factory=Efficiency)
     policy_op_time: float = 0.0
     """Seconds a selective-checkpoint policy adds per op call: host time in its Python
     dispatch modes. On a GPU the host runs ahead of kernels long enough to need checkpointing,
@@ -41,27 +97,46 @@ class Device:
     caching allocator hands out 512-byte multiples (``max_memory_allocated`` counts them so);
     the CPU allocator's live bytes are the tensors' own."""
 
-    def op_time(self, flops: float, bytes_moved: float, half: bool) -> float:
-        peak = self.half_flops if half else self.fp32_flops
-        return max(flops / peak, bytes_moved / self.bandwidth)
+    def op_time(self, kind: OpKind, flops: float, bytes_moved: float, half: bool) -> float:
+        """Seconds one op takes here.
+
+        >>> get_device("h100").op_time("matmul", 2 * 4096**3, 3 * 2 * 4096**2, half=True)
+        0.000202...
+        """
+        share = self.efficiency
+        compute = 0.0
+        if kind in ("matmul", "attention"):
+            peak = self.half_flops if half else self.fp32_flops
+            compute = flops / (peak * (share.matmul if kind == "matmul" else share.attention))
+        stream = self.bandwidth * (share.random if kind == "random" else share.memory)
+        return share.launch + max(compute, bytes_moved / stream)
 
     def offload_time(self, nbytes: int) -> float | None:
         """Time to copy ``nbytes`` to host memory and back; None where there is no host."""
         return 2 * nbytes / self.host_bandwidth if self.host_bandwidth else None
 
 
+CPU_EFFICIENCY = Efficiency(matmul=1.0, attention=1.0, memory=1.0, random=0.146, launch=0.0)
+"""The reference CPU's figures are fitted achieved rates already (see the note above): memory
+streams at 9.7 GB/s, a random-number kernel fills it at 1.4 GB/s; the fit drove the cost per op
+call to zero (an op's own overhead is in its measured time), and left attention at the matmul
+rate (no better fit)."""
+
 DEVICES = {
     d.name: d
     for d in (
         Device("h100", 67e12, 989e12, 3.35e12, host_bandwidth=50e9),
+        Device("h200", 67e12, 989e12, 4.8e12, host_bandwidth=50e9),
+        Device("b200", 80e12, 2250e12, 8.0e12, host_bandwidth=50e9),
         Device("a100", 19.5e12, 312e12, 2.0e12, host_bandwidth=25e9),
         Device("l4", 30e12, 121e12, 0.3e12, host_bandwidth=25e9),
         Device("rtx4090", 82.6e12, 165e12, 1.0e12, host_bandwidth=25e9),
         Device(
             "cpu",
-            1.0e11,
-            0.5e11,
-            2.0e10,
+            1.48e11,
+            0.74e11,
+            9.7e9,
+            efficiency=CPU_EFFICIENCY,
             policy_op_time=45e-6,
             margin_percent=0.1,
             allocation_block=1,
