@@ -300,6 +300,8 @@ class _StepRecorder:
         self.replay_peaks: dict[str, int] = {}
         """Phase label -> its peak up to the last tensor it saved (where recomputation stops)."""
         self.enclosing: EnclosureRecorder | None = None
+        self.extra_inputs: dict[int, int] = {}
+        """Storage key -> the last block that took it as an argument beyond its first."""
         self._previous: tuple[torch.Tensor | None, Any] = (None, None)
 
     def mark(self, label: str) -> None:
@@ -359,6 +361,9 @@ class _StepRecorder:
                 and _parent(self.blocks[index][0]) == _parent(self.blocks[index - 1][0])
             )
             self._previous = (None, rest)
+            for leaf in pytree.tree_leaves(rest):
+                if isinstance(leaf, torch.Tensor):
+                    self.extra_inputs[storage_key(leaf)] = index
             if x.requires_grad and (index == 0 or call.gap_before):
                 label = "bwd:pre" if index == 0 else f"bwd:gap{index - 1}"
                 x.register_hook(lambda grad: self.mark(label))
@@ -749,6 +754,11 @@ def _assemble(
         )
         before = recorder.saved.get(f"fwd:{i - 1}" if i else "fwd:pre", {})
         input_kept = call.input_key in saved_here or call.input_key in before
+        # A later block takes this block's input as an extra argument (a U-Net's skip): joined
+        # to the block before, the segment would drop that input only at some events (after
+        # the later block's forward, or after its backward where a checkpoint of it saves the
+        # skip), which no per-segment saving can say; as a segment's first input, it is exact.
+        held = recorder.extra_inputs.get(call.input_key, -1) > i
         # Alive when its gradient arrives and dead before the block's backward ends: what kept
         # it was the block's own saved tensors, which a checkpointed block does not hold.
         own_output = (
@@ -763,7 +773,7 @@ def _assemble(
                 output_bytes=call.output_bytes,
                 saved_bytes=saved_bytes,
                 input_kept=input_kept,
-                joins_previous=call.joins_previous,
+                joins_previous=call.joins_previous and not held,
                 parameter_bytes=storage_bytes(module.parameters()),
                 trainable_bytes=_trainable_bytes(module),
                 fwd_start=base + phases[label].start,
