@@ -1,6 +1,7 @@
 """The CLI's error boundary: whatever a command raises ends as one line and an exit status.
 
-0 ok, 1 a ``verify`` check failed, 2 bad input (a ``CkptplanError``, one line with the fix),
+0 ok, 1 a ``verify`` check failed, 2 bad input (a ``CkptplanError`` or a flag click refused,
+one line with the fix),
 3 internal error (a bug in ckptplan or torch: one line naming where, ``--debug`` or
 ``CKPTPLAN_DEBUG=1`` for the traceback), 130 interrupted.
 """
@@ -146,8 +147,12 @@ class Boundary(click.Group):
         with _debug_env(bool(ctx.params.get("debug"))):
             try:
                 return super().invoke(ctx)
+            except click.UsageError as exc:  # a flag or argument click refused: one line too
+                where = exc.ctx.command_path if exc.ctx else ctx.command_path
+                click.echo(f"error: {exc.format_message()} (see '{where} -h')", err=True)
+                ctx.exit(EXIT_USER_ERROR)
             except (click.ClickException, click.exceptions.Exit, click.Abort):
-                raise  # click's own: usage errors (2), ctx.exit, aborts
+                raise  # click's own: ctx.exit, aborts, errors it shows itself
             except CkptplanError as exc:  # from a command without @user_errors
                 raise _user_error(exc) from None
             except KeyboardInterrupt:

@@ -9,15 +9,23 @@ status 3. ``--debug`` (or ``CKPTPLAN_DEBUG=1``) adds the traceback.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
 from rich.console import Console
 
 from ckptplan import __version__
-from ckptplan.boundary import EXIT_INTERNAL_ERROR, Boundary, report_internal, user_errors
+from ckptplan.boundary import (
+    EXIT_INTERNAL_ERROR,
+    Boundary,
+    UserError,
+    report_internal,
+    user_errors,
+)
 from ckptplan.devices import DEVICES
 from ckptplan.errors import DEBUG_ENV
 from ckptplan.options import DTYPES, OPTIMIZERS, SCOPES
@@ -25,18 +33,32 @@ from ckptplan.remat_command import remat
 from ckptplan.solvers import SOLVERS
 
 
+def writable_destination(path: str) -> None:
+    """Refuse an output path before the long work, not after it."""
+    folder = Path(path).resolve().parent
+    if not folder.is_dir():
+        raise UserError(f"-o {path}: the folder {folder} does not exist; create it first")
+    if not os.access(folder, os.W_OK):
+        raise UserError(f"-o {path}: the folder {folder} is not writable")
+
+
 def _print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2))
 
 
-@click.group(cls=Boundary)
+@click.group(
+    cls=Boundary,
+    invoke_without_command=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 @click.option(
     "--debug",
     is_flag=True,
     help=f"On an error, print the traceback too (or set {DEBUG_ENV}=1).",
 )
 @click.version_option(__version__, prog_name="ckptplan")
-def cli(debug: bool) -> None:
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
     """Find the best activation-checkpointing plan for a PyTorch model, and apply it.
 
     \b
@@ -46,10 +68,14 @@ def cli(debug: bool) -> None:
       2  bad input (the model file, the plan, an option), stated in one line
       3  internal error: a bug in ckptplan or torch (--debug for the traceback)
     """
+    if ctx.invoked_subcommand is None:
+        click.echo(ctx.get_help())
 
 
 _model_options = [
-    click.option("--batch-size", type=int, default=None, help="Override the file's batch size."),
+    click.option(
+        "--batch-size", type=click.IntRange(min=1), default=None, help="Override the batch size."
+    ),
     click.option(
         "--optimizer",
         type=click.Choice(OPTIMIZERS),
@@ -117,9 +143,14 @@ def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
     show_default=True,
     help="auto: segments and selective per-op policies; dp: segments only; or a fixed policy.",
 )
-@click.option("--every", type=int, default=2, show_default=True, help="k for --solver every-k.")
 @click.option(
-    "--max-segment", type=int, default=None, help="Longest run of blocks one region may hold."
+    "--every", type=click.IntRange(min=1), default=2, show_default=True, help="k for every-k."
+)
+@click.option(
+    "--max-segment",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Longest run of blocks one region may hold.",
 )
 @click.option(
     "--scope",
@@ -138,7 +169,7 @@ def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
 )
 @click.option(
     "--world-size",
-    type=int,
+    type=click.IntRange(min=1),
     default=1,
     show_default=True,
     help="Data-parallel ranks; with --fsdp or --ddp the budget and the plan are per rank.",
@@ -178,6 +209,8 @@ def solve(
     from ckptplan.api import solve as solve_plan
     from ckptplan.report import show_plan
 
+    if output:
+        writable_destination(output)
     status = Console(stderr=True).status(f"profiling {model_file} on fake tensors and solving")
     with status:
         plan = solve_plan(
@@ -224,11 +257,15 @@ def solve(
 @cli.command("profile")
 @click.argument("model_file", type=click.Path(dir_okay=False))
 @click.option(
-    "--depth", type=int, default=2, show_default=True, help="Module depth of the per-module table."
+    "--depth",
+    type=click.IntRange(min=0),
+    default=2,
+    show_default=True,
+    help="Module depth of the per-module table.",
 )
 @click.option(
     "--top",
-    type=int,
+    type=click.IntRange(min=0),
     default=10,
     show_default=True,
     help="How many of the largest saved tensors to list.",
@@ -274,7 +311,11 @@ def profile_command(
 @cli.command("sweep")
 @click.argument("model_file", type=click.Path(dir_okay=False))
 @click.option(
-    "--points", type=int, default=6, show_default=True, help="Points of the dp and auto frontiers."
+    "--points",
+    type=click.IntRange(min=1),
+    default=6,
+    show_default=True,
+    help="Points of the dp and auto frontiers.",
 )
 @click.option(
     "--verify",
@@ -282,7 +323,7 @@ def profile_command(
     is_flag=True,
     help="Also run every point for real: measured peak and step time.",
 )
-@click.option("--repeats", type=int, default=3, show_default=True)
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option(
     "--plot",
     "plots",
@@ -401,7 +442,7 @@ def show(plan_file: str, as_json: bool) -> None:
 )
 @click.option(
     "--repeats",
-    type=int,
+    type=click.IntRange(min=1),
     default=3,
     show_default=True,
     help="Timed steps per variant (interleaved; the median counts).",
@@ -434,7 +475,11 @@ def verify(
 @click.argument("model_file", type=click.Path(dir_okay=False))
 @click.option("--budget", required=True, help="As for solve, in scope activations.")
 @click.option(
-    "--time-limit", type=float, default=60.0, show_default=True, help="Seconds for the ILP."
+    "--time-limit",
+    type=click.FloatRange(min=0, min_open=True),
+    default=60.0,
+    show_default=True,
+    help="Seconds for the ILP.",
 )
 @model_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")

@@ -252,6 +252,7 @@ def describe_exception(exc: BaseException, file: Path | None) -> str:
     for frame in traceback.extract_tb(exc.__traceback__):
         if file is not None and Path(frame.filename).resolve() == file.resolve():
             line = frame.lineno
-    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    text = exc.msg if isinstance(exc, SyntaxError) and exc.msg else str(exc)  # no location twice
+    message = text.strip().splitlines()[0] if text.strip() else ""
     location = f" ({file.name}, line {line})" if line and file is not None else ""
     return f"{type(exc).__name__}: {message}{location}"

@@ -282,6 +282,33 @@ def _baseline(
     return model, cast_floating(_to_device(inputs, target), dtype), dtype
 
 
+def run_device(device: str | None) -> torch.device:
+    """The local device a measurement runs on (default: CUDA where present, else the CPU),
+    refused in one line where this machine or this torch build has no such device."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        target = torch.device(device)
+    except RuntimeError:
+        raise CkptplanError(f"{device!r} is not a device; e.g. cpu, cuda or cuda:1") from None
+    if target.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "has no CUDA (a CPU build)" if torch.version.cuda is None else "sees no GPU"
+            raise CkptplanError(f"device {device}: this torch {build}; measure on cpu")
+        if target.index is not None and target.index >= torch.cuda.device_count():
+            raise CkptplanError(
+                f"device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+            )
+    elif target.type != "cpu":
+        raise CkptplanError(f"device {device}: ckptplan measures on cpu or cuda devices")
+    return target
+
+
+def _check_repeats(repeats: int) -> None:
+    if repeats < 1:
+        raise CkptplanError(f"{repeats} repeats: time at least one step of each (e.g. 3)")
+
+
 def verify_plan(
     model_file: Workload,
     plan: Plan,
@@ -290,7 +317,8 @@ def verify_plan(
     force: bool = False,
 ) -> Verification:
     """Measure the plan's step against the unchecked step of the same model and batch."""
-    target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    _check_repeats(repeats)
+    target = run_device(device)
     kind = plan.settings.get("device", "cpu")
     if (kind == "cpu") != (target.type == "cpu") and not force:
         where = "a CUDA GPU (--device cuda)" if kind != "cpu" else "the CPU (--device cpu)"
@@ -363,7 +391,7 @@ def measure_change(
     """A peer strategy measured like a plan: ``change`` turns a copy of the model into the
     candidate (Hugging Face's ``gradient_checkpointing_enable``, a hand-written wrapper), and
     the candidate's peak, time and gradients are compared with the unchanged model's."""
-    target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    target = run_device(device)
     baseline_model, inputs, _ = _baseline(model_file, settings, target)
     candidate = change(copy.deepcopy(baseline_model))
     return _compare(model_file, settings, baseline_model, candidate, inputs, target, repeats)
@@ -385,7 +413,7 @@ def measure_compile_budget(
     from functorch.compile import min_cut_rematerialization_partition
     from torch._functorch import config as functorch_config
 
-    target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    target = run_device(device)
     baseline_model, inputs, _ = _baseline(model_file, settings, target)
     with functorch_config.patch(activation_memory_budget=memory_budget):
         candidate = _Partitioned(copy.deepcopy(baseline_model), min_cut_rematerialization_partition)

@@ -1,0 +1,100 @@
+"""Every bad input the CLI can be given ends in one line naming the problem, exit status 2,
+and no traceback; help is ``-h`` or ``--help`` or the bare command, and exits 0."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from ckptplan.cli import cli
+from tests.test_cli import assert_one_line_error
+
+
+@pytest.fixture
+def run():
+    def invoke(*args: object):
+        return CliRunner().invoke(cli, [str(a) for a in args])
+
+    return invoke
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory, tiny_gpt) -> Path:
+    path = tmp_path_factory.mktemp("plan") / "plan.json"
+    args = ["solve", tiny_gpt, "--budget", "1.0", "--solver", "none", "--batch-size", "2"]
+    result = CliRunner().invoke(cli, [str(a) for a in [*args, "-o", path]])
+    assert result.exit_code == 0, result.output
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt() -> Path:
+    from tests.conftest import MODELS
+
+    return MODELS / "tiny_gpt.py"
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--every", "0"], "--every"),
+        (["--max-segment", "0"], "--max-segment"),
+        (["--world-size", "0"], "--world-size"),
+        (["--batch-size", "-1"], "--batch-size"),
+        (["--margin", "80"], "--margin"),
+        (["--solver", "best"], "--solver"),
+        (["--budget", "twelve"], "twelve"),
+    ],
+)
+def test_a_bad_solve_flag(run, tiny_gpt, args: list[str], fragment: str) -> None:
+    flags = ["--budget", "1GB", *args] if "--budget" not in args else args
+    assert_one_line_error(run("solve", tiny_gpt, *flags), fragment)
+
+
+def test_an_output_into_a_missing_folder_is_refused_before_solving(run, tiny_gpt, tmp_path):
+    missing = tmp_path / "nope" / "plan.json"
+    assert_one_line_error(
+        run("solve", tiny_gpt, "--budget", "1GB", "-o", missing), "does not exist"
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--repeats", "0"], "--repeats"),
+        (["--on", "tpu"], "tpu"),
+        (["--on", "not a device"], "not a device"),
+    ],
+)
+def test_a_bad_verify_flag(run, tiny_gpt, plan_file, args: list[str], fragment: str) -> None:
+    assert_one_line_error(run("verify", tiny_gpt, plan_file, *args), fragment)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_verify_on_cuda_without_one(run, tiny_gpt, plan_file) -> None:
+    assert_one_line_error(run("verify", tiny_gpt, plan_file, "--on", "cuda"), "measure on cpu")
+
+
+def test_a_syntax_error_names_its_place_once(run, write_model) -> None:
+    path = write_model("def build_model(:\n    pass\n")
+    result = run("profile", path)
+    assert_one_line_error(result, "SyntaxError", "line 1")
+    assert result.output.count("line 1") == 1
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["solve"], ["plan-it"], ["profile", "--depth", "-1", "model.py"], ["sweep", "--points", "0"]],
+)
+def test_what_click_refuses_is_one_line_too(run, args: list[str]) -> None:
+    assert_one_line_error(run(*args))
+
+
+@pytest.mark.parametrize("args", [[], ["-h"], ["--help"], ["solve", "-h"], ["remat", "-h"]])
+def test_help_exits_zero(run, args: list[str]) -> None:
+    result = run(*args)
+    assert result.exit_code == 0, result.output
+    assert "Usage:" in result.output
