@@ -49,6 +49,7 @@ from torch.utils.checkpoint import (
 from ckptplan.errors import CkptplanError
 from ckptplan.fingerprint import check_model_matches
 from ckptplan.gpukernels import GPU_ONLY_OPS, GpuAttention, emulated, runs_gpu_kernels
+from ckptplan.guards import BatchGuard, hf_checkpointing_layers, refuse_second_checkpointing
 from ckptplan.plan import Plan, Region, as_plan
 from ckptplan.training import first_tensor, training_conventions
 
@@ -174,6 +175,8 @@ class _RegionRun:
         """The forward ran under ``GpuAttention`` (a fake run for a GPU): so does recompute."""
         self.stats = stats
         self.reporter = reporter
+        self.hf_layers = hf_checkpointing_layers(modules)
+        """Layers Hugging Face's checkpointing can switch on (refused once planned)."""
         self.steps: list[tuple[int, int, _RegionRun | None]] = [
             (i, i + 1, None) for i in range(len(modules))
         ]
@@ -227,6 +230,7 @@ class _RegionRun:
         if torch.compiler.is_compiling():
             return self._checkpoint(args, kwargs)
         self.stats.forwards += 1
+        refuse_second_checkpointing(self.name, self.hf_layers)
         self.emulating = emulated()
         self._check_device(args, kwargs)
         norms, others = self._buffers()
@@ -685,7 +689,8 @@ def apply(model: torch.nn.Module, plan: Plan | str | Path, force: bool = False) 
     already wrapped by DDP, FSDP2 or ``torch.compile`` (apply comes first), and a model whose
     structure differs from the one the plan was made for (unless ``force``). The summary of
     what was wrapped is logged and kept as ``model.ckptplan_applied``, whose counters show the
-    recomputations.
+    recomputations. Training with it then warns of a batch larger than the plan's, and refuses
+    Hugging Face checkpointing switched on inside its regions (``ckptplan.guards``).
     """
     plan = as_plan(plan)
     if getattr(model, "ckptplan_applied", None) is not None:
@@ -709,5 +714,6 @@ def apply(model: torch.nn.Module, plan: Plan | str | Path, force: bool = False) 
     applied.nested_stats = tuple(installer.nested_stats)
     applied.nested = tuple(installer.nested)
     model.ckptplan_applied = applied
+    model.register_forward_pre_hook(BatchGuard(plan.inputs), with_kwargs=True)
     log.info("%s", applied)
     return model
