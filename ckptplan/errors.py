@@ -33,7 +33,11 @@ def debug_enabled() -> bool:
 def raised_by_ckptplan(exc: BaseException) -> bool:
     """Whether the deepest frame outside torch is ckptplan's own (a bug here, not in the
     model's code or in what fake tensors support). ckptplan's dispatch modes pass every op
-    through, so an op that fails inside one is not counted as theirs."""
+    through, so an op that fails inside one is not counted as theirs; nor is an op that needs
+    tensor values fake tensors lack, wherever it is called from (an optimizer's step that
+    reads its step count, as Adafactor's does)."""
+    if type(exc).__name__ in ("DataDependentOutputException", "DynamicOutputShapeException"):
+        return False
     owners = [
         str(frame.f_globals.get("__name__", "")).partition(".")[0]
         for frame, _ in traceback.walk_tb(exc.__traceback__)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
@@ -26,7 +27,9 @@ def fits_real_step(parameter_bytes: int) -> bool:
 
 
 def make_optimizer(name: str, model: torch.nn.Module) -> torch.optim.Optimizer | None:
-    """The optimizer whose state the budget counts (``sgd`` is SGD with momentum)."""
+    """The optimizer whose state the budget counts: a shortcut (``sgd`` is SGD with momentum)
+    or the dotted path of an optimizer class (``torch.optim.Adafactor``), made with its own
+    defaults; its state is whatever its first step allocates."""
     params = [p for p in model.parameters() if p.requires_grad]
     if name == "adamw":
         return torch.optim.AdamW(params, lr=1e-4, foreach=False)
@@ -36,7 +39,53 @@ def make_optimizer(name: str, model: torch.nn.Module) -> torch.optim.Optimizer |
         return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=False)
     if name == "none":
         return None
-    raise CkptplanError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
+    if "." in name:
+        optimizer_class = _optimizer_class(name)
+        try:
+            return optimizer_class(params)
+        except TypeError:  # a class with no default learning rate
+            return optimizer_class(params, lr=1e-4)
+    raise CkptplanError(
+        f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}, "
+        "or name an optimizer class (torch.optim.Adafactor)"
+    )
+
+
+def _optimizer_class(path: str) -> type[torch.optim.Optimizer]:
+    module_name, _, class_name = path.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError):
+        raise CkptplanError(f"optimizer {path!r}: no such class to import") from None
+    if not (isinstance(found, type) and issubclass(found, torch.optim.Optimizer)):
+        raise CkptplanError(f"optimizer {path!r} is not a torch.optim.Optimizer class")
+    return found
+
+
+def optimizer_name(optimizer: str | type[torch.optim.Optimizer]) -> str:
+    """What a plan records of ``optimizer``: a shortcut, or an optimizer class's dotted path.
+
+    >>> optimizer_name(torch.optim.Adafactor), optimizer_name("sgd")
+    ('torch.optim.Adafactor', 'sgd')
+    """
+    if isinstance(optimizer, str):
+        return optimizer
+    if isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
+        return f"{optimizer.__module__}.{optimizer.__qualname__}"
+    raise CkptplanError(
+        f"optimizer={optimizer!r}: pass a torch.optim.Optimizer class (torch.optim.AdamW) or "
+        f"one of {', '.join(OPTIMIZERS)}"
+    )
+
+
+def dtype_name(dtype: str | torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bf16"``; names pass through (checked where they are used)."""
+    if isinstance(dtype, str):
+        return dtype
+    for name, value in DTYPES.items():
+        if dtype == value:
+            return name
+    raise CkptplanError(f"dtype={dtype}: ckptplan plans for {', '.join(DTYPES)}")
 
 
 def parse_dtype(name: str) -> torch.dtype:
