@@ -7,9 +7,10 @@ Example:
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from ckptplan.simulate import predict
 from ckptplan.solvers import BASELINES, SOLVERS, run_solver
 from ckptplan.solvers.chain import Chain, InfeasibleBudget, Schedule
 from ckptplan.solvers.selective import Selection
+from ckptplan.training import dtype_name, optimizer_name
 
 ModelArg = torch.nn.Module | str | Path
 
@@ -49,15 +51,41 @@ def _workload(
     return load_model_file(model)
 
 
+OptimizerArg = str | type[torch.optim.Optimizer]
+"""A shortcut (adamw, adam, sgd, none), an optimizer class, or a class's dotted path."""
+DtypeArg = str | torch.dtype
+
+
+def _settings(
+    batch_size: int | None,
+    optimizer: OptimizerArg,
+    dtype: DtypeArg,
+    device: str,
+    blocks: str | None,
+    autocast: DtypeArg | None,
+    measure: bool,
+) -> Settings:
+    """The settings a plan records, torch's own types written as their names."""
+    return Settings(
+        batch_size=batch_size,
+        optimizer=optimizer_name(optimizer),
+        dtype=dtype_name(dtype),
+        device=device,
+        blocks=blocks,
+        autocast=None if autocast is None else dtype_name(autocast),
+        measure=measure,
+    )
+
+
 def profile(
     model: ModelArg,
     example_inputs: Inputs | None = None,
     *,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     batch_size: int | None = None,
-    optimizer: str = "adamw",
-    dtype: str = "fp32",
-    autocast: str | None = None,
+    optimizer: OptimizerArg = "adamw",
+    dtype: DtypeArg = "fp32",
+    autocast: DtypeArg | None = None,
     device: str = "cpu",
     blocks: str | None = None,
     measure: bool = False,
@@ -70,7 +98,7 @@ def profile(
     ``parallel`` ("fsdp" or "ddp") and ``world_size``, the profile is one rank's.
     """
     workload = _workload(model, example_inputs, loss_fn)
-    settings = Settings(batch_size, optimizer, dtype, device, blocks, autocast, measure)
+    settings = _settings(batch_size, optimizer, dtype, device, blocks, autocast, measure)
     return _per_rank(profile_model(workload, settings), world_size, parallel)
 
 
@@ -85,9 +113,9 @@ def solve(
     max_segment: int | None = None,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     batch_size: int | None = None,
-    optimizer: str = "adamw",
-    dtype: str = "fp32",
-    autocast: str | None = None,
+    optimizer: OptimizerArg = "adamw",
+    dtype: DtypeArg = "fp32",
+    autocast: DtypeArg | None = None,
     device: str = "cpu",
     blocks: str | None = None,
     measure: bool = False,
@@ -111,7 +139,7 @@ def solve(
         raise CkptplanError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
     parsed = parse_budget(str(budget))
     workload = _workload(model, example_inputs, loss_fn)
-    settings = Settings(batch_size, optimizer, dtype, device, blocks, autocast, measure)
+    settings = _settings(batch_size, optimizer, dtype, device, blocks, autocast, measure)
     prof = _per_rank(profile_model(workload, settings), world_size, parallel)
     menus = selective_menus(prof) if solver == "auto" else None
     chain = to_chain(prof, scope, menus)
@@ -141,9 +169,20 @@ def solve(
         checked=fake_run and parallel is None,
     )
     plan, confirmed = search.run(solver)
-    if plan is None and solver == "auto":
-        # Selective plans the fake run puts over, however low the target: the best of segments.
-        plan, confirmed = search.run("dp")
+    if solver == "auto":
+        # Selective plans the fake run puts over, however low the target, or that do not pay
+        # for themselves against the best of segments: the best of segments.
+        segments, segments_peak = search.run("dp")
+        if segments is not None and not (
+            plan is not None
+            and selective_pays(
+                plan.predicted["recompute_time_s"],
+                segments.predicted["recompute_time_s"],
+                plan.predicted["step_time_s"],
+                get_device(device).selective_margin if _policied(plan) else 0.0,
+            )
+        ):
+            plan, confirmed = replace(segments, solver="auto"), segments_peak
     if plan is not None:
         return plan
     raise CkptplanError(
@@ -171,6 +210,8 @@ class _Search:
     settings: dict[str, Any]
     baselines: dict[str, Any]
     checked: bool
+    confirmed: dict[str, int] = field(default_factory=dict)
+    """Fake-run peaks by the plan's regions: auto and dp often reach the same plan."""
 
     def run(self, solver: str) -> tuple[Plan | None, int]:
         """The plan of ``solver`` whose fake run fits the aim, or None with the last fake-run
@@ -182,7 +223,7 @@ class _Search:
             plan = self._plan(schedule)
             if not self.checked:
                 return plan, 0
-            confirmed = known if known is not None else fake_run_peak(self.workload, plan)
+            confirmed = known if known is not None else self._fake_run(plan)
             plan.predicted["fake_run_peak_bytes"] = confirmed
             if confirmed <= self.aim:
                 return plan, confirmed
@@ -190,6 +231,12 @@ class _Search:
                 break
             target -= (confirmed - self.aim) * 2**attempt
         return None, confirmed
+
+    def _fake_run(self, plan: Plan) -> int:
+        key = json.dumps([region.to_json() for region in plan.regions])
+        if key not in self.confirmed:
+            self.confirmed[key] = fake_run_peak(self.workload, plan)
+        return self.confirmed[key]
 
     def _schedule(self, solver: str, target: int) -> tuple[Schedule, int | None]:
         """The solver's schedule for ``target``, or below its least peak the schedule of least
@@ -228,6 +275,27 @@ class _Search:
         return plan
 
 
+# Note [why selective plans must win by a margin]
+#     A selective plan's saving is the recompute time of the op outputs it keeps; what it pays
+#     is host time in the policy's dispatch modes, per op call, which ``--measure`` found to be
+#     30-200 µs per call on the sample models, step to step and model to model. Measured on the
+#     CPU against the segments-only plan for the same budget, selective plans predicted 1-3% of
+#     the step cheaper ran 1-7% slower (ViT, GPT), and two runs of one plan differ by about 2%
+#     in time ratio. So on the CPU a predicted gain below 3% of the step is no gain
+#     (``Device.selective_margin``).
+
+
+def selective_pays(selective: float, segments: float, step: float, margin: float) -> bool:
+    """Whether a plan of ``selective`` seconds of recompute (an auto plan) is to be taken over
+    the segments-only plan of ``segments`` seconds for the same budget: by more than ``margin``
+    of the ``step`` where it runs selective policies (0 where it runs none)."""
+    return segments - selective > margin * step
+
+
+def _policied(plan: Plan) -> bool:
+    return any(r.policy or any(c.policy for c in r.children) for r in plan.regions)
+
+
 def _margin(percent: float | None, device: str) -> float:
     """The share of the budget held back, in percent (the device's default when None)."""
     if percent is None:
@@ -262,9 +330,9 @@ def optimality_gap_of_auto(
     time_limit_s: float = 60.0,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     batch_size: int | None = None,
-    optimizer: str = "adamw",
-    dtype: str = "fp32",
-    autocast: str | None = None,
+    optimizer: OptimizerArg = "adamw",
+    dtype: DtypeArg = "fp32",
+    autocast: DtypeArg | None = None,
     device: str = "cpu",
     blocks: str | None = None,
     measure: bool = False,

@@ -72,16 +72,26 @@ def cli(ctx: click.Context, debug: bool) -> None:
         click.echo(ctx.get_help())
 
 
+def _optimizer_option(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """A shortcut or a dotted class path (imported when the step is built)."""
+    if value in OPTIMIZERS or ("." in value and all(p.isidentifier() for p in value.split("."))):
+        return value
+    raise click.BadParameter(
+        f"{value!r} is neither {', '.join(OPTIMIZERS)} nor a class path like torch.optim.Adafactor"
+    )
+
+
 _model_options = [
     click.option(
         "--batch-size", type=click.IntRange(min=1), default=None, help="Override the batch size."
     ),
     click.option(
         "--optimizer",
-        type=click.Choice(OPTIMIZERS),
         default="adamw",
         show_default=True,
-        help="Optimizer whose state the budget counts.",
+        callback=_optimizer_option,
+        help=f"Optimizer whose state the budget counts: {', '.join(OPTIMIZERS)}, or an "
+        "optimizer class (torch.optim.Adafactor).",
     ),
     click.option(
         "--dtype",

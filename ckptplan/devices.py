@@ -85,6 +85,12 @@ class Device:
     dispatch modes. On a GPU the host runs ahead of kernels long enough to need checkpointing,
     so it hides there (0); on a CPU it is paid in line. ``--measure`` measures it."""
 
+    selective_margin: float = 0.0
+    """Share of the step a selective plan must be predicted to save over the segments-only
+    plan for the same budget before ``auto`` takes it (see Note [why selective plans must win
+    by a margin] in ``ckptplan.api``). On a GPU the policy's host time hides behind kernels:
+    any predicted gain counts."""
+
     margin_percent: float = 3.0
     """Share of the budget a plan leaves unused by default (``--margin``). On a GPU the
     caching allocator rounds blocks and fragments, which the prediction does not model yet.
@@ -138,6 +144,7 @@ DEVICES = {
             9.7e9,
             efficiency=CPU_EFFICIENCY,
             policy_op_time=45e-6,
+            selective_margin=0.03,
             margin_percent=0.1,
             allocation_block=1,
         ),

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from ckptplan.api import plan_from_schedule
+from ckptplan.api import plan_from_schedule, selective_pays
+from ckptplan.devices import get_device
 from ckptplan.loading import Workload
 from ckptplan.measure import measure_compile_budget, verify_plan
 from ckptplan.problem import selective_menus, to_chain
@@ -63,14 +64,18 @@ def sweep(
     chain = to_chain(profile, menus=menus)
     fixed = [baselines.none(chain), baselines.full(chain), baselines.sqrt(chain)]
     fixed += [baselines.every_k(chain, k) for k in every]
-    auto = dp.frontier(chain, selective=True, name="auto")
+    segments = dp.frontier(chain)
+    auto = [
+        _paying(s, segments, profile.step_time, get_device(settings.device).selective_margin)
+        for s in dp.frontier(chain, selective=True, name="auto")
+    ]
     chosen = thin(auto, points)
     # Beside every fixed policy, auto at that policy's own peak: the head-to-head comparison.
     for policy in fixed:
         rival = _fastest_within(auto, policy.peak)
         if rival is not None and rival not in chosen:
             chosen.append(rival)
-    schedules = [*fixed, *thin(dp.frontier(chain), points)]
+    schedules = [*fixed, *thin(segments, points)]
     schedules += sorted(chosen, key=lambda s: s.recompute_time)
     out = []
     for schedule in schedules:
@@ -113,6 +118,19 @@ def sweep(
                 )
             )
     return out
+
+
+def _paying(
+    schedule: Schedule, segments: Sequence[Schedule], step_time: float, margin: float
+) -> Schedule:
+    """Auto's plan as ``solve`` returns it: dp's plan for the same peak where a selective
+    plan is not predicted to pay for itself (``api.selective_pays``)."""
+    rival = _fastest_within(segments, schedule.peak)
+    if rival is None or selective_pays(
+        schedule.recompute_time, rival.recompute_time, step_time, margin if schedule.options else 0
+    ):
+        return schedule
+    return replace(rival, solver="auto")
 
 
 def _fastest_within(frontier: Sequence[Schedule], peak: int) -> Schedule | None:

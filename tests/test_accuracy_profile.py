@@ -24,20 +24,19 @@ UNET = ROOT / "sample_models" / "unet.py"
 RESNET = ROOT / "sample_models" / "resnet.py"
 
 
-def _unet_encoder_plan_error() -> tuple[int, int]:
-    """(predicted, fake-run) peak of the U-Net with its whole encoder one region, whose peak is
-    in the encoder's backward, while the decoder's input gradients wait for the skips'."""
+def _unet_encoder_plan_error() -> tuple[int, int, str]:
+    """(predicted, fake-run) peak of the U-Net with every level checkpointed, whose peak is in
+    the encoder's backward, while the decoder's input gradients wait for the skips'."""
     profile = ckptplan.profile(UNET, batch_size=1)
     chain = to_chain(profile)
-    encoder = sum(b.path.startswith("encoder.") for b in profile.blocks)
-    schedule = simulate(chain, [(0, encoder)])
-    assert schedule.peak_event.startswith("backward of encoder.")
+    schedule = simulate(chain, [(k, k + 1) for k in range(len(profile.blocks))])
     plan = plan_from_schedule(profile, chain, schedule, "encoder", schedule.peak)
-    return schedule.peak, fake_run_peak(load_model_file(UNET), plan)
+    return schedule.peak, fake_run_peak(load_model_file(UNET), plan), schedule.peak_event
 
 
 def test_module_tracking_holds_no_gradient() -> None:
-    predicted, fake = _unet_encoder_plan_error()
+    predicted, fake, event = _unet_encoder_plan_error()
+    assert event.startswith("backward of encoder.")
     assert predicted == fake
 
 
@@ -45,7 +44,7 @@ def test_torch_module_tracker_would_hold_gradients(monkeypatch: pytest.MonkeyPat
     """Why the profiler has its own tracker: torch's keeps each decoder block's input gradient
     until its skip's gradient exists, so the profile's backward looked bigger than the step's."""
     monkeypatch.setattr(profiler, "_ModuleTracker", ModuleTracker)
-    predicted, fake = _unet_encoder_plan_error()
+    predicted, fake, _ = _unet_encoder_plan_error()
     assert predicted > fake
 
 

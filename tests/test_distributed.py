@@ -23,10 +23,12 @@ import torch
 
 import ckptplan
 import ckptplan.api
+from ckptplan.api import plan_from_schedule
+from ckptplan.budget import parse_budget
 from ckptplan.distributed import per_rank
 from ckptplan.errors import CkptplanError
 from ckptplan.plan import Plan
-from ckptplan.problem import to_chain
+from ckptplan.problem import selective_menus, to_chain
 from ckptplan.solvers import run_solver
 from ckptplan.training import make_optimizer
 from tests.conftest import MODELS, ROOT
@@ -53,21 +55,18 @@ def common() -> ModuleType:
     return sys.modules[name]
 
 
-def per_rank_plan(monkeypatch: pytest.MonkeyPatch, mode: str, budget: str, solver: str) -> Plan:
-    profile_model = ckptplan.api.profile_model
-    monkeypatch.setattr(
-        ckptplan.api, "profile_model", lambda w, s: per_rank(profile_model(w, s), WORLD, mode)
+def per_rank_plan(mode: str, budget: str, solver: str) -> Plan:
+    """A rank's plan of ``solver``, from a per-rank profile whose selective policies cost no
+    dispatch time, so that auto keeps op outputs even on this small model."""
+    profile = dataclasses.replace(
+        per_rank(ckptplan.profile(MODELS / "tiny_gpt.py", batch_size=BATCH), WORLD, mode),
+        policy_op_time=0.0,
     )
-    # Timed for a GPU, where a policy's dispatch costs no step time, so that auto picks
-    # selective policies even on this small model.
-    plan = ckptplan.solve(
-        MODELS / "tiny_gpt.py",
-        budget=budget,
-        solver=solver,
-        batch_size=BATCH,
-        device="h100",
-        fake_run=False,
-    )
+    menus = selective_menus(profile) if solver == "auto" else None
+    chain = to_chain(profile, menus=menus)
+    budget_bytes = parse_budget(budget).resolve(run_solver("none", chain, None).peak)
+    schedule = run_solver(solver, chain, budget_bytes)
+    plan = plan_from_schedule(profile, chain, schedule, budget, budget_bytes, menus=menus)
     settings = {**plan.settings, "world_size": WORLD, "parallel": mode}
     return Plan.from_json({**plan.to_json(), "settings": settings})
 
@@ -164,22 +163,20 @@ def check_against_single_process(plan: Plan, reports: list[dict]) -> None:
         assert f"recomputed {regions} of {regions}" in report["first_backward"]
 
 
-def test_fsdp2_example_matches_one_process_within_the_per_rank_budget(
-    monkeypatch, tmp_path
-) -> None:
-    plan = per_rank_plan(monkeypatch, "fsdp", "1.0", "sqrt")
+def test_fsdp2_example_matches_one_process_within_the_per_rank_budget(tmp_path) -> None:
+    plan = per_rank_plan("fsdp", "1.0", "sqrt")
     assert any(len(r.modules) > 1 for r in plan.regions), "a multi-block region under FSDP2"
     check_against_single_process(plan, launch("train_fsdp.py", plan, tmp_path))
 
 
-def test_ddp_example_matches_one_process_within_the_per_rank_budget(monkeypatch, tmp_path) -> None:
-    plan = per_rank_plan(monkeypatch, "ddp", "0.8", "auto")
+def test_ddp_example_matches_one_process_within_the_per_rank_budget(tmp_path) -> None:
+    plan = per_rank_plan("ddp", "0.8", "auto")
     assert any(r.policy for r in plan.regions), "selective policies under DDP"
     check_against_single_process(plan, launch("train_ddp.py", plan, tmp_path))
 
 
-def test_an_example_refuses_a_plan_for_another_layout(monkeypatch, tmp_path) -> None:
-    plan = per_rank_plan(monkeypatch, "ddp", "1.0", "none")
+def test_an_example_refuses_a_plan_for_another_layout(tmp_path) -> None:
+    plan = per_rank_plan("ddp", "1.0", "none")
     plan.save(tmp_path / "plan.json")
     examples = common()
     with pytest.raises(CkptplanError, match="re-solve it with --world-size 2 --fsdp"):

@@ -12,8 +12,10 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import ckptplan
+from ckptplan.api import plan_from_schedule, selective_pays
 from ckptplan.costs import OpRecord
 from ckptplan.loading import load_model_file
+from ckptplan.measure import fake_run_peak
 from ckptplan.plan import Plan
 from ckptplan.problem import block_forward_ops, op_names, save_items, selective_menus, to_chain
 from ckptplan.profiler import Settings, profile_model
@@ -129,8 +131,17 @@ def test_auto_never_loses_to_dp(gpt_profile) -> None:
 
 
 def test_selective_plans_keep_gradients_and_fit(tmp_path) -> None:
+    """Auto's selective plan itself, priced with no policy cost so that it keeps op outputs
+    (``solve`` on the CPU takes the segments-only plan unless a selective one wins by 3% of
+    the step), fake-run and measured."""
     model = ROOT / "sample_models" / "gpt.py"
-    plan = ckptplan.solve(model, budget="0.6", solver="auto", batch_size=1)
+    profile = replace(ckptplan.profile(model, batch_size=1), policy_op_time=0.0)
+    menus = selective_menus(profile)
+    chain = to_chain(profile, menus=menus)
+    budget = int(0.6 * run_solver("none", chain, None).peak)
+    schedule = run_solver("auto", chain, budget)
+    plan = plan_from_schedule(profile, chain, schedule, "0.6", budget, menus=menus)
+    plan.predicted["fake_run_peak_bytes"] = fake_run_peak(load_model_file(model), plan)
     assert any(r.policy for r in plan.regions)
     result = ckptplan.verify(model, plan, repeats=1)
     assert result.max_grad_abs_diff <= 1e-6
@@ -318,3 +329,29 @@ def test_kept_outputs_past_the_last_save_stay_through_backward(gpt_profile) -> N
             backward_peaks += 1
             assert fake == pytest.approx(schedule.peak, rel=1e-3)
     assert backward_peaks
+
+
+@pytest.mark.parametrize(
+    ("selective", "segments", "margin", "taken"),
+    [
+        (1.00, 1.02, 0.03, False),
+        (1.00, 1.05, 0.03, True),
+        (1.0, 1.0, 0.0, False),
+        (1.0, 1.1, 0.0, True),
+    ],
+)
+def test_a_selective_plan_is_taken_only_by_more_than_the_margin(
+    selective: float, segments: float, margin: float, taken: bool
+) -> None:
+    assert selective_pays(selective, segments, 1.0, margin) is taken
+
+
+def test_auto_takes_dp_plan_where_its_selective_one_saves_under_the_margin() -> None:
+    """At 70% of ViT's unchecked peak, auto's own plan keeps one block's op outputs for about
+    1% of the step less recompute than dp's plan: under the CPU's 3%, so auto returns dp's."""
+    model = ROOT / "sample_models" / "vit.py"
+    auto = ckptplan.solve(model, budget="70%", solver="auto")
+    segments = ckptplan.solve(model, budget="70%", solver="dp")
+    assert auto.solver == "auto"
+    assert [r.to_json() for r in auto.regions] == [r.to_json() for r in segments.regions]
+    assert not any(r.policy for r in auto.regions)
