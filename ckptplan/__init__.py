@@ -18,6 +18,7 @@ _API = {
     "verify": "ckptplan.api",
     "profile": "ckptplan.api",
     "Plan": "ckptplan.plan",
+    "HubModel": "ckptplan.hub",
     "CkptplanError": "ckptplan.errors",
 }
 

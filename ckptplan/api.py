@@ -20,6 +20,7 @@ from ckptplan.budget import format_budget_at_least, format_bytes, parse_budget
 from ckptplan.devices import get_device
 from ckptplan.distributed import per_rank
 from ckptplan.errors import BelowLeastPeak, CkptplanError
+from ckptplan.hub import HubModel, is_hub_name
 from ckptplan.loading import Inputs, LiveModel, Workload, load_model_file
 from ckptplan.measure import Verification, fake_run_peak, verify_plan
 from ckptplan.opgraph import GapReport, optimality_gap
@@ -32,11 +33,18 @@ from ckptplan.solvers.chain import Chain, InfeasibleBudget, Schedule
 from ckptplan.solvers.selective import Selection
 from ckptplan.training import dtype_name, optimizer_name
 
-ModelArg = torch.nn.Module | str | Path
+ModelArg = torch.nn.Module | str | Path | HubModel
+"""A model object (with its example inputs), a model file, ``hf:NAME_OR_DIR``, or a
+``HubModel`` (``hf:`` with its task and input sizes)."""
 
 FAKE_RUN_TRIES = 4
 """Solves whose plan the fake run checks; each retry takes the overshoot (doubled each time)
 off the solver's target."""
+
+
+def load_workload(model: str | Path | HubModel) -> Workload:
+    """The workload a model file or ``hf:`` name stands for (as the commands take them)."""
+    return _workload(model, None, None)
 
 
 def _workload(
@@ -48,6 +56,10 @@ def _workload(
         if example_inputs is None:
             raise CkptplanError("pass example_inputs (the args or kwargs of forward) with a model")
         return LiveModel(model, example_inputs, loss_fn)
+    if isinstance(model, HubModel):
+        return model
+    if is_hub_name(model):
+        return HubModel.parse(str(model))
     return load_model_file(model)
 
 

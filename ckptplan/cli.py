@@ -8,6 +8,7 @@ status 3. ``--debug`` (or ``CKPTPLAN_DEBUG=1``) adds the traceback.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -28,7 +29,7 @@ from ckptplan.boundary import (
 )
 from ckptplan.devices import DEVICES
 from ckptplan.errors import DEBUG_ENV
-from ckptplan.options import DTYPES, OPTIMIZERS, SCOPES
+from ckptplan.options import DTYPES, HUB_PREFIX, HUB_TASKS, OPTIMIZERS, SCOPES
 from ckptplan.remat_command import remat
 from ckptplan.solvers import SOLVERS
 
@@ -126,10 +127,54 @@ _model_options = [
 ]
 
 
+_hub_options = [
+    click.option(
+        "--task",
+        type=click.Choice(HUB_TASKS),
+        default=None,
+        help="For hf: models, the task to build (default: from the config's architectures).",
+    ),
+    click.option(
+        "--seq-len",
+        type=click.IntRange(min=1),
+        default=None,
+        help="For hf: text models, tokens per sequence [default: 512].",
+    ),
+    click.option(
+        "--image-size",
+        type=click.IntRange(min=1),
+        default=None,
+        help="For hf: image models, the image side [default: the config's].",
+    ),
+]
+
+
+def hub_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--task``, ``--seq-len`` and ``--image-size``, folded into MODEL_FILE when it names a
+    Hugging Face config (``hf:NAME_OR_DIR``); refused with a model file, which sets its own."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, task: Any, seq_len: Any, image_size: Any, **kwargs: Any) -> Any:
+        options = {"task": task, "seq_len": seq_len, "image_size": image_size}
+        given = [f"--{k.replace('_', '-')}" for k, v in options.items() if v is not None]
+        model = kwargs["model_file"]
+        if model.startswith(HUB_PREFIX):
+            from ckptplan.hub import HubModel
+
+            kwargs["model_file"] = HubModel.parse(model, **options)
+        elif given:
+            raise UserError(f"{', '.join(given)} apply to hf: models; {model} sets its own inputs")
+        return command(*args, **kwargs)
+
+    for option in reversed(_hub_options):
+        wrapper = option(wrapper)
+    return wrapper
+
+
 def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed(_model_options):
         command = option(command)
-    return command
+    return hub_options(command)
 
 
 @cli.command()
@@ -360,12 +405,12 @@ def sweep_command(
     as_json: bool,
 ) -> None:
     """The memory/step-time frontier of every strategy: none, full, every-k, sqrt, dp, auto."""
-    from ckptplan.loading import load_model_file
+    from ckptplan.api import load_workload
     from ckptplan.profiler import Settings
     from ckptplan.report import show_sweep
     from ckptplan.sweep import save_plot, sweep, terminal_plot
 
-    workload = load_model_file(model_file)
+    workload = load_workload(model_file)
     settings = Settings(batch_size, optimizer, dtype, device, blocks, autocast, measure)
     console = Console(stderr=as_json)
     with console.status(f"solving every strategy for {model_file}"):
@@ -461,6 +506,7 @@ def show(plan_file: str, as_json: bool) -> None:
     "--force", is_flag=True, help="Measure even if the plan is for another model or device."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@hub_options
 @user_errors
 def verify(
     model_file: str, plan_file: str, target: str | None, repeats: int, force: bool, as_json: bool

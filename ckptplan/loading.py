@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch._guards import detect_fake_mode
@@ -130,7 +130,21 @@ class LiveModel:
         return self.loss_fn(output) if self.loss_fn is not None else default_loss(output)
 
 
-Workload = ModelFile | LiveModel
+class Workload(Protocol):
+    """What every stage needs of a model: a ``ModelFile``, a ``LiveModel``, a
+    ``hub.HubModel``."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def default_batch_size(self) -> int | None: ...
+
+    def build(self) -> torch.nn.Module: ...
+
+    def inputs(self, batch_size: int | None = None) -> Inputs: ...
+
+    def loss(self, output: Any) -> torch.Tensor: ...
 
 
 class _ValuesReadAsZero(TorchDispatchMode):

@@ -1,0 +1,165 @@
+"""A Hugging Face model named by its config, instead of a model file: ``hf:NAME_OR_DIR``.
+
+The model is built from ``config.json`` alone (``from_config``: no weights are read, nothing
+is downloaded), from a local folder or from the local Hugging Face cache. The task comes from
+the config's ``architectures`` (``LlamaForCausalLM`` -> causal-lm) unless given, and the batch
+is synthesised from the config: token ids below ``vocab_size`` with themselves as labels for a
+language model, ``pixel_values`` of the config's image size and class labels for an image
+classifier. The loss is the model's own (``output.loss``).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ckptplan.errors import CkptplanError
+from ckptplan.loading import Inputs, default_loss
+from ckptplan.options import HUB_PREFIX, HUB_TASKS
+
+PREFIX = HUB_PREFIX
+TASKS: dict[str, str] = {
+    "causal-lm": "AutoModelForCausalLM",
+    "masked-lm": "AutoModelForMaskedLM",
+    "seq2seq-lm": "AutoModelForSeq2SeqLM",
+    "sequence-classification": "AutoModelForSequenceClassification",
+    "image-classification": "AutoModelForImageClassification",
+}
+assert tuple(TASKS) == HUB_TASKS
+_SUFFIXES = {
+    "ForCausalLM": "causal-lm",
+    "LMHeadModel": "causal-lm",
+    "ForMaskedLM": "masked-lm",
+    "ForConditionalGeneration": "seq2seq-lm",
+    "ForSequenceClassification": "sequence-classification",
+    "ForImageClassification": "image-classification",
+}
+
+
+def is_hub_name(model: object) -> bool:
+    return isinstance(model, str) and model.startswith(PREFIX)
+
+
+def _transformers() -> Any:
+    try:
+        import transformers
+    except ImportError:
+        raise CkptplanError(
+            "hf: models need transformers; pip install torch==2.13.0 transformers"
+        ) from None
+    return transformers
+
+
+@dataclass(frozen=True)
+class HubModel:
+    """A workload (like a model file) for a Hugging Face config."""
+
+    source: str
+    """A folder holding ``config.json``, or a model name in the local Hugging Face cache."""
+    task: str | None = None
+    seq_len: int = 512
+    image_size: int | None = None
+    """Side of the square images of an image model (default: the config's ``image_size``)."""
+
+    default_batch_size = 1
+
+    @classmethod
+    def parse(cls, spec: str, **options: Any) -> HubModel:
+        source = spec[len(PREFIX) :]
+        if not source:
+            raise CkptplanError("hf: names no model; e.g. hf:./my-config-folder or hf:gpt2")
+        task = options.get("task")
+        if task is not None and task not in TASKS:
+            raise CkptplanError(f"--task {task!r}: choose one of {', '.join(TASKS)}")
+        given = {k: v for k, v in options.items() if v is not None}
+        return cls(source, **given)
+
+    @property
+    def name(self) -> str:
+        return f"{PREFIX}{self.source}"
+
+    def __str__(self) -> str:
+        return self.name
+
+    @functools.cached_property
+    def config(self) -> Any:
+        transformers = _transformers()
+        folder = Path(self.source).expanduser()
+        if folder.is_dir():
+            if not (folder / "config.json").is_file():
+                raise CkptplanError(f"{self.name}: the folder {folder} holds no config.json")
+            return transformers.AutoConfig.from_pretrained(folder)
+        try:
+            return transformers.AutoConfig.from_pretrained(self.source, local_files_only=True)
+        except (OSError, ValueError):
+            from huggingface_hub import constants
+
+            raise CkptplanError(
+                f"{self.name}: no folder {folder} and no config of {self.source!r} in the local "
+                f"Hugging Face cache ({constants.HF_HUB_CACHE}); ckptplan downloads nothing: "
+                f"fetch it with `hf download {self.source} config.json`, or pass a folder"
+            ) from None
+
+    @functools.cached_property
+    def resolved_task(self) -> str:
+        if self.task is not None:
+            return self.task
+        for architecture in self.config.architectures or ():
+            for suffix, task in _SUFFIXES.items():
+                if architecture.endswith(suffix):
+                    return task
+        transformers = _transformers()
+        for task, auto in TASKS.items():
+            if type(self.config) in getattr(transformers, auto)._model_mapping:
+                return task
+        raise CkptplanError(
+            f"{self.name}: cannot tell the task of a {type(self.config).__name__}; pass --task"
+        )
+
+    def build(self) -> torch.nn.Module:
+        transformers = _transformers()
+        architectures = [a for a in self.config.architectures or () if hasattr(transformers, a)]
+        matching = [a for a in architectures if _SUFFIXES.get(_suffix(a)) == self.resolved_task]
+        if matching:
+            return getattr(transformers, matching[0])(self.config)
+        auto = getattr(transformers, TASKS[self.resolved_task])
+        try:
+            return auto.from_config(self.config)
+        except ValueError as exc:
+            raise CkptplanError(f"{self.name}: {str(exc).splitlines()[0]}; pass --task") from None
+
+    def inputs(self, batch_size: int | None = None) -> Inputs:
+        batch = batch_size or self.default_batch_size
+        config, task = self.config, self.resolved_task
+        if task == "image-classification":
+            size = self.image_size or getattr(config, "image_size", 224)
+            channels = getattr(config, "num_channels", 3)
+            return {
+                "pixel_values": torch.randn(batch, channels, size, size),
+                "labels": torch.randint(0, config.num_labels, (batch,)),
+            }
+        vocab = getattr(config, "vocab_size", None)
+        if not vocab:
+            raise CkptplanError(f"{self.name}: its config has no vocab_size to draw tokens from")
+        limit = getattr(config, "max_position_embeddings", None) or getattr(
+            config, "n_positions", None
+        )
+        if limit is not None and self.seq_len > limit:
+            raise CkptplanError(
+                f"--seq-len {self.seq_len} is longer than {self.name} takes ({limit} positions)"
+            )
+        ids = torch.randint(0, vocab, (batch, self.seq_len))
+        if task == "sequence-classification":
+            return {"input_ids": ids, "labels": torch.randint(0, config.num_labels, (batch,))}
+        return {"input_ids": ids, "labels": ids.clone()}
+
+    def loss(self, output: Any) -> torch.Tensor:
+        return default_loss(output)
+
+
+def _suffix(architecture: str) -> str:
+    return next((s for s in _SUFFIXES if architecture.endswith(s)), "")
