@@ -29,7 +29,14 @@ from rich.table import Table
 from ckptplan.solvers.remat import load_instance
 from ckptplan.solvers.remat_check import check_schedule
 
-DEFAULT_INSTANCES = Path("/work/shared/remat-instances")
+DEFAULT_INSTANCES = Path(
+    os.environ.get(
+        "CKPTPLAN_REMAT_INSTANCES",
+        Path(__file__).resolve().parents[2] / "shared" / "remat-instances",
+    )
+)
+"""The Checkmate instances: ``$CKPTPLAN_REMAT_INSTANCES``, else ``shared/remat-instances``
+beside the repository."""
 DEFAULT_OUT = Path(__file__).parent / "results" / "remat.json"
 COMMAND = "from ckptplan.remat_command import remat; remat()"
 

@@ -1,9 +1,10 @@
 """Optimal rematerialization on general graphs (torch-free; CP-SAT).
 
-The problem (``/work/shared/remat-instances/README.md``): a DAG of ops, each with a compute cost
-and the size of its one output. A schedule is a sequence of node ids in which a node may appear
-again (a recomputation); a copy is resident from the step that makes it through the last step
-that reads it. Find the cheapest schedule whose peak memory fits a budget.
+The problem (the Checkmate instances' README, ``shared/remat-instances/README.md`` beside the
+repository): a DAG of ops, each with a compute cost and the size of its one output. A schedule
+is a sequence of node ids in which a node may appear again (a recomputation); a copy is
+resident from the step that makes it through the last step that reads it. Find the cheapest
+schedule whose peak memory fits a budget.
 
 How ``solve`` proves things, from the broadest claim to the narrowest:
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import doctest
 import itertools
 import json
+import os
 import random
 import subprocess
 import sys
@@ -32,9 +33,15 @@ from ckptplan.solvers.remat import (
     topological_order,
 )
 from ckptplan.solvers.remat_check import check_schedule
+from tests.conftest import ROOT
 
-INSTANCES = Path("/work/shared/remat-instances")
-needs_instances = pytest.mark.skipif(not INSTANCES.is_dir(), reason="instances not available")
+INSTANCES = Path(
+    os.environ.get("CKPTPLAN_REMAT_INSTANCES", ROOT.parent / "shared" / "remat-instances")
+)
+needs_instances = pytest.mark.skipif(
+    not INSTANCES.is_dir(),
+    reason=f"no Checkmate instances at {INSTANCES}: set CKPTPLAN_REMAT_INSTANCES to their folder",
+)
 
 PINNED = {
     "vgg16_b256_train": (15825108992, 14242598093, 12660087194),
