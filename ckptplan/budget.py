@@ -72,9 +72,18 @@ def format_budget_at_least(n: int) -> str:
     return f"{math.ceil(n / size * 100) / 100:.2f}{unit}"
 
 
-def format_bytes(n: float) -> str:
-    """Bytes in the binary unit a person reads best (the reports echo budgets in GiB)."""
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
+_SHOWN_UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+
+
+def format_bytes(n: float, like: float | None = None) -> str:
+    """Bytes in the binary unit a person reads best for ``n``, or for ``like`` (the largest
+    figure of a line, so that one line reads in one unit).
+
+    >>> format_bytes(3 * 2**30), format_bytes(512 * 2**20, like=3 * 2**30)
+    ('3.00 GiB', '0.50 GiB')
+    """
+    scale = abs(n if like is None else like)
+    for unit, size in _SHOWN_UNITS:
+        if scale >= size:
             return f"{n / size:.2f} {unit}"
     return f"{int(n)} B"

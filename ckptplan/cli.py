@@ -43,8 +43,9 @@ def writable_destination(path: str) -> None:
         raise UserError(f"-o {path}: the folder {folder} is not writable")
 
 
-def _print_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2))
+def _print_json(command: str, data: dict[str, Any]) -> None:
+    """A command's ``--json`` output, led by the schema it follows (``ckptplan.solve/1``)."""
+    click.echo(json.dumps({"schema": f"ckptplan.{command}/1", **data}, indent=2))
 
 
 @click.group(
@@ -290,6 +291,7 @@ def solve(
         plan.save(output)
     if as_json:
         _print_json(
+            "solve",
             {
                 "budget_bytes": plan.budget["bytes"],
                 "predicted_peak_bytes": plan.predicted["peak_bytes"],
@@ -297,7 +299,7 @@ def solve(
                 "solver": plan.solver,
                 "regions": [list(r.modules) for r in plan.regions],
                 "plan": plan.to_json(),
-            }
+            },
         )
         return
     console = Console()
@@ -358,7 +360,7 @@ def profile_command(
             measure=measure,
         )
     if as_json:
-        _print_json(profile_json(result, depth))
+        _print_json("profile", profile_json(result, depth))
     else:
         show_profile(result, console, depth, top)
 
@@ -418,7 +420,7 @@ def sweep_command(
     for path in plots:
         save_plot(results, path, f"{workload.name}: memory against step time")
     if as_json:
-        _print_json([p.to_json() for p in results])
+        _print_json("sweep", {"points": [p.to_json() for p in results]})
         return
     show_sweep(results, console)
     console.print(terminal_plot(results), highlight=False, markup=False)
@@ -481,7 +483,7 @@ def show(plan_file: str, as_json: bool) -> None:
 
     plan = Plan.load(plan_file)
     if as_json:
-        _print_json(plan.to_json())
+        click.echo(json.dumps(plan.to_json(), indent=2))  # the plan's own schema
     else:
         show_plan(plan, Console())
 
@@ -520,7 +522,7 @@ def verify(
 
     result = verify_plan(model_file, plan_file, device=target, repeats=repeats, force=force)
     if as_json:
-        _print_json(result.to_json())
+        _print_json("verify", result.to_json())
     else:
         show_verification(result, Console())
     if not (result.within_budget and result.grads_match):
@@ -576,7 +578,7 @@ def gap(
             measure=measure,
         )
     if as_json:
-        _print_json(report.to_json())
+        _print_json("gap", report.to_json())
     else:
         show_gap(report, Console())
 

@@ -91,7 +91,7 @@ def remat(instance: str, ratio_text: str, time_limit_text: str, as_json: bool) -
     report = _report(problem.name, path, ratio, peak_without_recomputation(problem), result)
     report["wall_seconds"] = round(time.perf_counter() - start, 3)
     if as_json:
-        click.echo(json.dumps(report))
+        click.echo(json.dumps({"schema": "ckptplan.remat/1", **report}))
     else:
         _print_table(problem.name, ratio, result)
     sys.exit(1 if result.status is Status.UNKNOWN else 0)

@@ -40,10 +40,18 @@ def show_plan(plan: Plan, console: Console) -> None:
         f"{plan.fingerprint['parameters']:,} parameters) · {len(plan.blocks)} blocks · "
         f"solver [bold]{plan.solver}[/]"
     )
+    largest = max(budget["bytes"], p["peak_bytes"])
     console.print(
-        f"budget [bold]{budget['bytes'] / 2**30:.3g} GiB[/] ({budget['text']}, scope "
-        f"{budget['scope']}) · predicted peak [bold]{format_bytes(p['peak_bytes'])}[/] at "
-        f"{p['peak_event']} · recompute {_overhead(p)} of step time (estimated)"
+        f"budget [bold]{format_bytes(budget['bytes'], largest)}[/] ({budget['text']}, scope "
+        f"{budget['scope']}) · predicted peak [bold]{format_bytes(p['peak_bytes'], largest)}[/]"
+        f" at {p['peak_event']} · recompute {_overhead(p)} of step time (estimated)"
+    )
+    settings = plan.settings
+    console.print(
+        f"made for: {settings.get('device', 'cpu')} · {settings.get('dtype', 'fp32')}"
+        + (f" (autocast {settings['autocast']})" if settings.get("autocast") else "")
+        + f" · batch {settings.get('batch_size') or 'as the model gives it'} · optimizer "
+        f"{settings.get('optimizer', 'adamw')}"
     )
     device = plan.settings.get("device", "cpu")
     console.print(

@@ -32,7 +32,10 @@ def test_solve_show_verify(run, tiny_gpt, tmp_path) -> None:
     plan_path = tmp_path / "plan.json"
     solved = run("solve", tiny_gpt, "--budget", "70%", "--batch-size", "2", "-o", plan_path)
     assert solved.exit_code == 0, solved.output
-    assert "GiB" in solved.output and "auto (this plan)" in solved.output
+    assert "auto (this plan)" in solved.output
+    budget_line = next(line for line in solved.output.splitlines() if line.startswith("budget"))
+    assert budget_line.count("MiB") == 2 and "GiB" not in budget_line, "one unit per line"
+    assert "made for: cpu · fp32 · batch 2 · optimizer adamw" in solved.output
     plan = json.loads(plan_path.read_text())
     assert plan["schema"] == "ckptplan.plan/1" and plan["regions"]
 
@@ -59,6 +62,7 @@ def test_solve_json(run, tiny_gpt) -> None:
     result = run("solve", tiny_gpt, "--budget", "0.8", "--batch-size", "2", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
+    assert data["schema"] == "ckptplan.solve/1"
     assert data["predicted_peak_bytes"] <= data["budget_bytes"]
     assert data["plan"]["budget"]["bytes"] == data["budget_bytes"]
 
@@ -156,7 +160,9 @@ def test_sweep_command(run, tiny_gpt, tmp_path) -> None:
 def test_sweep_json_frontiers_are_monotone(run, tiny_gpt) -> None:
     result = run("sweep", tiny_gpt, "--batch-size", "2", "--points", "5", "--json")
     assert result.exit_code == 0, result.output
-    points = json.loads(result.output[result.output.index("[") :])
+    data = json.loads(result.output[result.output.index("{") :])
+    assert data["schema"] == "ckptplan.sweep/1"
+    points = data["points"]
     for strategy in ("dp", "auto"):
         frontier = sorted(
             (p for p in points if p["strategy"] == strategy),
