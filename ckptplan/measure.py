@@ -351,6 +351,27 @@ def verify_plan(
     )
 
 
+def interleaved_step_times(
+    model_file: Workload, plans: dict[str, Plan], repeats: int = 9
+) -> dict[str, list[float]]:
+    """Step times of the model under each of ``plans`` (made for the same model and batch) on
+    this CPU, in ``repeats`` interleaved rounds, so that two plans are compared in one process
+    under the same conditions (``benchmarks/auto_vs_dp.py``); round ``i``'s times are pairs."""
+    _check_repeats(repeats)
+    target = torch.device("cpu")
+    settings = next(iter(plans.values())).settings
+    baseline_model, inputs, _ = _baseline(model_file, settings, target)
+    optimizer = settings.get("optimizer", "adamw")
+    runs = {}
+    for name, plan in plans.items():
+        model = apply(copy.deepcopy(baseline_model), plan)
+        runs[name] = _Run(model, make_optimizer(optimizer, model), inputs, settings.get("autocast"))
+    keep_freed_host_memory()
+    for run in runs.values():  # warm-up: optimizer state, allocator pools
+        _timed(model_file, run, target)
+    return _paired_times(model_file, runs, target, repeats)
+
+
 class _Partitioned(torch.nn.Module):
     """``model`` traced by AOTAutograd, its backward split off by ``partition_fn``.
 

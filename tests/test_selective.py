@@ -355,3 +355,19 @@ def test_auto_takes_dp_plan_where_its_selective_one_saves_under_the_margin() -> 
     assert auto.solver == "auto"
     assert [r.to_json() for r in auto.regions] == [r.to_json() for r in segments.regions]
     assert not any(r.policy for r in auto.regions)
+
+
+def test_two_plans_are_timed_in_interleaved_rounds() -> None:
+    """The A/B instrument of ``benchmarks/auto_vs_dp.py``: one time per plan per round."""
+    from ckptplan.measure import interleaved_step_times
+
+    tiny = ROOT / "tests" / "models" / "tiny_gpt.py"
+    plans = {
+        name: ckptplan.solve(tiny, budget="1.0", solver=name, batch_size=2)
+        for name in ("full", "none")
+    }
+    times = interleaved_step_times(load_model_file(tiny), plans, repeats=3)
+    assert {k: len(v) for k, v in times.items()} == {"full": 3, "none": 3}
+    assert all(t > 0 for v in times.values() for t in v)
+    with pytest.raises(ckptplan.CkptplanError, match="at least one step"):
+        interleaved_step_times(load_model_file(tiny), plans, repeats=0)
