@@ -7,7 +7,7 @@ round's auto/dp step-time ratio is kept. The median ratio is auto's cost against
 of the rounds is the noise this measurement has. The pareto benchmark instead measures each plan
 against the unchecked step separately, and so adds the noise of two comparisons.
 
-    python benchmarks/auto_vs_dp.py [--models gpt vit] [--repeats 9] [--threads 1]
+    python benchmarks/auto_vs_dp.py [--models gpt vit sample_models/zoo/hf_bert.py] [--repeats 9]
 
 Writes benchmarks/results/auto_vs_dp.json.
 """
@@ -27,6 +27,7 @@ from ckptplan.measure import interleaved_step_times
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "auto_vs_dp.json"
+"""Rows are merged by model, so a run of some models keeps the others'."""
 MODELS = ("mlp", "gpt", "resnet", "unet", "vit")
 POSITIONS = (0.25, 0.5, 0.75)
 """Budgets as positions between the full-checkpoint peak (0) and the unchecked peak (1)."""
@@ -66,6 +67,11 @@ def cases(model: Path, repeats: int) -> list[dict]:
     return rows
 
 
+def model_path(name: str) -> Path:
+    """A sample's name (``gpt``) or a model file's path (``sample_models/zoo/hf_llama_gqa.py``)."""
+    return Path(name) if name.endswith(".py") else ROOT / "sample_models" / f"{name}.py"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS))
@@ -73,11 +79,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    rows = [
-        row
-        for name in args.models
-        for row in cases(ROOT / "sample_models" / f"{name}.py", args.repeats)
-    ]
+    rows = [row for name in args.models for row in cases(model_path(name), args.repeats)]
     timed = [r for r in rows if not r["same_plan"]]
     worst = max((r["auto_over_dp"] for r in timed), default=1.0)
     for r in rows:
