@@ -43,6 +43,15 @@ def writable_destination(path: str) -> None:
         raise UserError(f"-o {path}: the folder {folder} is not writable")
 
 
+def _console(stderr: bool = False) -> Console:
+    """A console that wraps at the terminal's width, and not at all into a pipe or file (rich
+    would wrap at 80 columns there, breaking a report's lines for grep)."""
+    stream = sys.stderr if stderr else sys.stdout
+    if stream.isatty():
+        return Console(stderr=stderr)
+    return Console(stderr=stderr, width=10_000, soft_wrap=True)
+
+
 def _print_json(command: str, data: dict[str, Any]) -> None:
     """A command's ``--json`` output, led by the schema it follows (``ckptplan.solve/1``)."""
     click.echo(json.dumps({"schema": f"ckptplan.{command}/1", **data}, indent=2))
@@ -302,7 +311,7 @@ def solve(
             },
         )
         return
-    console = Console()
+    console = _console()
     show_plan(plan, console)
     if output:
         console.print(
@@ -347,7 +356,7 @@ def profile_command(
     from ckptplan.api import profile
     from ckptplan.report import profile_json, show_profile
 
-    console = Console(stderr=as_json)
+    console = _console(stderr=as_json)
     with console.status(f"tracing one training step of {model_file} on fake tensors"):
         result = profile(
             model_file,
@@ -414,7 +423,7 @@ def sweep_command(
 
     workload = load_workload(model_file)
     settings = Settings(batch_size, optimizer, dtype, device, blocks, autocast, measure)
-    console = Console(stderr=as_json)
+    console = _console(stderr=as_json)
     with console.status(f"solving every strategy for {model_file}"):
         results = sweep(workload, settings, points=points, verify=run_verify, repeats=repeats)
     for path in plots:
@@ -485,7 +494,7 @@ def show(plan_file: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(plan.to_json(), indent=2))  # the plan's own schema
     else:
-        show_plan(plan, Console())
+        show_plan(plan, _console())
 
 
 @cli.command()
@@ -524,7 +533,7 @@ def verify(
     if as_json:
         _print_json("verify", result.to_json())
     else:
-        show_verification(result, Console())
+        show_verification(result, _console())
     if not (result.within_budget and result.grads_match):
         sys.exit(1)
 
@@ -580,7 +589,7 @@ def gap(
     if as_json:
         _print_json("gap", report.to_json())
     else:
-        show_gap(report, Console())
+        show_gap(report, _console())
 
 
 cli.add_command(remat)

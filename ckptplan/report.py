@@ -243,6 +243,12 @@ def show_profile(profile: Any, console: Console, depth: int = 2, top: int = 10) 
             _seconds(row["time_bwd_s"]),
         )
     console.print(table)
+    timing = "measured on this machine" if profile.settings.measure else "roofline estimates"
+    console.print(
+        "[dim]saved for bwd: bytes autograd keeps for backward, made in the module's own "
+        f"forward · FLOP, time: of its forward and of its backward ({timing} for "
+        f"{profile.settings.device})[/]"
+    )
     for note in profile.notes:
         console.print(f"note: {note}")
     units = describe_units([b.path for b in profile.blocks], [b.class_name for b in profile.blocks])
@@ -270,6 +276,14 @@ def show_profile(profile: Any, console: Console, depth: int = 2, top: int = 10) 
             flags,
         )
     console.print(blocks)
+    console.print(
+        "[dim]saved: bytes the block keeps for its backward beyond its input and output · "
+        "input kept: the unchecked step holds the block's input until its backward · fwd/bwd "
+        "peak: live bytes of the whole step at the peak of its forward and backward · joins: "
+        "it may share a checkpoint region with the block before · flags: random (draws "
+        "random numbers: recomputation replays the RNG), updates buffers (restored after "
+        "recomputation), code follows (code runs between it and the next block)[/]"
+    )
     holders = sorted((op for op in profile.ops if op.saved_bytes), key=lambda o: -o.saved_bytes)
     table = Table(title=f"largest tensors saved for backward (top {top})")
     for column in ("op", "module", "saved", "flags"):

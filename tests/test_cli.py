@@ -128,7 +128,12 @@ def test_profile_command(run, tiny_gpt) -> None:
     assert result.exit_code == 0, result.output
     assert "by module (depth 1)" in result.output and "layers" in result.output
     assert "largest tensors saved for backward" in result.output
-    assert "a selective policy adds 45 µs per op call" in " ".join(result.output.split())
+    lines = result.output.splitlines()
+    # Into a pipe, nothing wraps: the header is one line, and every table has a legend.
+    assert lines[0].startswith("ckptplan profile") and lines[0].endswith("times estimated for cpu")
+    assert "a selective policy adds 45 µs per op call" in lines[1]
+    assert any(line.startswith("saved for bwd: bytes autograd keeps") for line in lines)
+    assert any(line.startswith("saved: bytes the block keeps") for line in lines)
 
 
 def test_profile_json(run, tiny_gpt) -> None:
