@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ckptplan.errors import CkptplanError
-from ckptplan.fingerprint import inputs_signature
+from ckptplan.training import input_tensors
 
 log = logging.getLogger("ckptplan")
 
@@ -30,7 +30,7 @@ class BatchWarning(UserWarning):
 
 
 def _leaves(signature: Any) -> Iterator[tuple[list[int], str]]:
-    """The (shape, dtype) pairs of an ``inputs_signature``."""
+    """The (shape, dtype) pairs of an ``inputs_signature`` (a plan's record of its batch)."""
     pair = isinstance(signature, list) and len(signature) == 2
     if pair and isinstance(signature[0], list) and str(signature[1]).startswith("torch."):
         yield signature[0], signature[1]
@@ -53,15 +53,14 @@ class BatchGuard:
 
     def __init__(self, planned: Any) -> None:
         self.elements, self.dtypes = _size(planned)
-        self.planned = planned
-        self.seen: set[str] = set()
+        self.seen: set[tuple[tuple[tuple[int, ...], str], ...]] = set()
 
     def __call__(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
         if torch.compiler.is_compiling() or not self.elements:
             return
-        signature = inputs_signature(args if args else kwargs)
-        elements, dtypes = _size(signature)
-        key = repr(signature)
+        key = tuple((tuple(t.shape), str(t.dtype)) for t in input_tensors((args, kwargs)))
+        elements = sum(math.prod(shape) for shape, _ in key)
+        dtypes = {dtype for _, dtype in key}
         if key in self.seen or (elements <= self.elements and dtypes <= self.dtypes):
             return
         self.seen.add(key)

@@ -21,15 +21,20 @@ from ckptplan.errors import CkptplanError
 from ckptplan.loading import Inputs, default_loss
 from ckptplan.options import HUB_PREFIX, HUB_TASKS
 
-PREFIX = HUB_PREFIX
-TASKS: dict[str, str] = {
-    "causal-lm": "AutoModelForCausalLM",
-    "masked-lm": "AutoModelForMaskedLM",
-    "seq2seq-lm": "AutoModelForSeq2SeqLM",
-    "sequence-classification": "AutoModelForSequenceClassification",
-    "image-classification": "AutoModelForImageClassification",
-}
-assert tuple(TASKS) == HUB_TASKS
+TASKS = dict(
+    zip(
+        HUB_TASKS,
+        (
+            "AutoModelForCausalLM",
+            "AutoModelForMaskedLM",
+            "AutoModelForSeq2SeqLM",
+            "AutoModelForSequenceClassification",
+            "AutoModelForImageClassification",
+        ),
+        strict=True,
+    )
+)
+"""Task -> the transformers auto class that builds it."""
 _SUFFIXES = {
     "ForCausalLM": "causal-lm",
     "LMHeadModel": "causal-lm",
@@ -41,7 +46,7 @@ _SUFFIXES = {
 
 
 def is_hub_name(model: object) -> bool:
-    return isinstance(model, str) and model.startswith(PREFIX)
+    return isinstance(model, str) and model.startswith(HUB_PREFIX)
 
 
 def _transformers() -> Any:
@@ -69,7 +74,7 @@ class HubModel:
 
     @classmethod
     def parse(cls, spec: str, **options: Any) -> HubModel:
-        source = spec[len(PREFIX) :]
+        source = spec[len(HUB_PREFIX) :]
         if not source:
             raise CkptplanError("hf: names no model; e.g. hf:./my-config-folder or hf:gpt2")
         task = options.get("task")
@@ -80,7 +85,7 @@ class HubModel:
 
     @property
     def name(self) -> str:
-        return f"{PREFIX}{self.source}"
+        return f"{HUB_PREFIX}{self.source}"
 
     def __str__(self) -> str:
         return self.name
