@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 _API = {
     "solve": "ckptplan.api",
-    "apply": "ckptplan.wrapping",
+    "apply": "ckptplan.autoplan",
     "rewrite": "ckptplan.rewrite",
     "verify": "ckptplan.api",
     "profile": "ckptplan.api",

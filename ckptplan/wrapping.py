@@ -682,6 +682,16 @@ class _Installer:
             module.__dict__["_ckptplan_member"] = (run, index)
 
 
+def refuse_unapplicable(model: torch.nn.Module) -> None:
+    """Refuse a model no plan can be applied to (checkpointed already, or wrapped by DDP, FSDP2
+    or ``torch.compile``), before any plan is read or solved for it."""
+    if getattr(model, "ckptplan_applied", None) is not None:
+        raise CkptplanError(
+            f"{type(model).__name__} is already checkpointed by ckptplan; apply a plan once"
+        )
+    _refuse_wrapped(model)
+
+
 def apply(model: torch.nn.Module, plan: Plan | str | Path, force: bool = False) -> torch.nn.Module:
     """Checkpoint ``model`` in place as ``plan`` says, and return it.
 
@@ -693,11 +703,7 @@ def apply(model: torch.nn.Module, plan: Plan | str | Path, force: bool = False) 
     Hugging Face checkpointing switched on inside its regions (``ckptplan.guards``).
     """
     plan = as_plan(plan)
-    if getattr(model, "ckptplan_applied", None) is not None:
-        raise CkptplanError(
-            f"{type(model).__name__} is already checkpointed by ckptplan; apply a plan once"
-        )
-    _refuse_wrapped(model)
+    refuse_unapplicable(model)
     check_model_matches(model, plan, force)
     for note in training_conventions(model)[1]:
         log.warning("ckptplan.apply: %s", note)

@@ -1,0 +1,233 @@
+"""Plan and apply in one call, from a training script: ``ckptplan.apply(model, budget="20GB",
+example_inputs=batch)``.
+
+Solving takes seconds to minutes and a training job restarts often, so the plan is kept on disk
+under a name made of everything that decides it: the model's fingerprint and which of its
+parameters train, the shapes and dtypes of the example batch, the loss function's name, the
+budget, every solve setting (dtype, optimizer, device, solver, ...) and the versions of ckptplan
+and torch. A restart with the same settings reads the plan back; any change solves again, under
+another name. The cached file is an ordinary plan (``ckptplan show`` reads it).
+
+Solving runs on copies of the model (fake tensors), seeds torch's generators for its own steps
+and restores them after, so the caller's random stream, modes and weights are as they were.
+
+Example:
+    >>> model = ckptplan.apply(model, budget="60%", example_inputs=batch)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ckptplan import __version__, api
+from ckptplan.budget import parse_budget
+from ckptplan.errors import CkptplanError
+from ckptplan.fingerprint import inputs_signature, model_fingerprint
+from ckptplan.loading import Inputs
+from ckptplan.plan import Plan
+from ckptplan.training import dtype_name, optimizer_name
+from ckptplan.wrapping import apply as apply_plan
+from ckptplan.wrapping import refuse_unapplicable
+
+log = logging.getLogger("ckptplan")
+
+CACHE_ENV = "CKPTPLAN_CACHE"
+"""The environment variable naming the plan cache folder (default ``~/.cache/ckptplan``)."""
+
+_GIVEN_BY_APPLY = ("model", "example_inputs", "budget", "loss_fn")
+_SOLVE_PARAMETERS = inspect.signature(api.solve).parameters
+_USAGE = (
+    "ckptplan.apply(model, plan) applies a solved plan; "
+    "ckptplan.apply(model, budget='12GB', example_inputs=batch) solves one"
+)
+
+
+def apply(
+    model: torch.nn.Module,
+    plan: Plan | str | Path | None = None,
+    force: bool = False,
+    *,
+    budget: str | int | float | None = None,
+    example_inputs: Inputs | torch.Tensor | None = None,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    cache_dir: str | Path | None = None,
+    **options: Any,
+) -> torch.nn.Module:
+    """Checkpoint ``model`` in place and return it: as ``plan`` says, or with ``budget`` and
+    ``example_inputs`` (the args or kwargs of one training batch's forward) as the plan that
+    ``ckptplan.solve`` finds for them, read from ``cache_dir`` when solved before.
+
+    ``options`` are ``ckptplan.solve``'s (``dtype``, ``optimizer``, ``device``, ``solver``,
+    ...). See ``ckptplan.wrapping.apply`` for what applying checks and does.
+    """
+    planning = {"budget": budget, "example_inputs": example_inputs, "loss_fn": loss_fn}
+    planning.update(cache_dir=cache_dir, **options)
+    if plan is not None:
+        given = [name for name, value in planning.items() if value is not None]
+        if given:
+            raise CkptplanError(
+                f"ckptplan.apply got a plan and {given[0]}=, which is for solving one; pass "
+                f"one of them: {_USAGE}"
+            )
+        return apply_plan(model, plan, force)
+    if budget is None:
+        raise CkptplanError(f"ckptplan.apply needs a plan or budget=: {_USAGE}")
+    the_plan = cached_plan(
+        model, budget, example_inputs, loss_fn=loss_fn, cache_dir=cache_dir, **options
+    )
+    return apply_plan(model, the_plan, force)
+
+
+def cached_plan(
+    model: torch.nn.Module,
+    budget: str | int | float,
+    example_inputs: Inputs | torch.Tensor | None,
+    *,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    cache_dir: str | Path | None = None,
+    **options: Any,
+) -> Plan:
+    """The plan ``ckptplan.solve`` finds for ``model`` under these settings: read from the
+    cache when it holds one, else solved (leaving the caller's state alone) and written there.
+    """
+    inputs = _inputs(example_inputs)
+    settings = _solve_settings(budget, options)
+    refuse_unapplicable(model)
+    path = (
+        _cache_folder(cache_dir)
+        / f"{type(model).__name__}-{_key(model, inputs, loss_fn, settings)}.json"
+    )
+    if path.is_file():
+        try:
+            plan = Plan.load(path)
+        except CkptplanError as exc:
+            log.warning("ckptplan: the cached plan is unreadable (%s); solving again", exc)
+        else:
+            log.info("ckptplan: plan read from the cache, %s", path)
+            return plan
+    with _caller_state_kept():
+        plan = api.solve(model, inputs, loss_fn=loss_fn, **settings)
+    _write(plan, path)
+    return plan
+
+
+def default_cache_dir() -> Path:
+    """``$CKPTPLAN_CACHE``, else ``ckptplan`` in ``$XDG_CACHE_HOME`` (``~/.cache``)."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "ckptplan"
+
+
+def _inputs(example_inputs: Inputs | torch.Tensor | None) -> Inputs:
+    if example_inputs is None:
+        raise CkptplanError(
+            "ckptplan.apply(budget=...) needs example_inputs=, the args (a tuple) or kwargs "
+            "(a dict) of forward for one training batch, to profile the step it solves for"
+        )
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,)
+    if isinstance(example_inputs, list):
+        return tuple(example_inputs)
+    if not isinstance(example_inputs, tuple | dict):
+        raise CkptplanError(
+            f"example_inputs= is of type {type(example_inputs).__name__}; pass a tensor, a tuple "
+            "of forward's positional arguments or a dict of its keyword arguments"
+        )
+    return example_inputs
+
+
+def _solve_settings(budget: str | int | float, options: dict[str, Any]) -> dict[str, Any]:
+    """Every setting of ``ckptplan.solve`` but the model's, defaults filled in, checked."""
+    accepted = [name for name in _SOLVE_PARAMETERS if name not in _GIVEN_BY_APPLY]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise CkptplanError(
+            f"ckptplan.apply got an unknown argument {unknown[0]}=; with budget= it takes "
+            f"cache_dir= and ckptplan.solve's: {', '.join(accepted)}"
+        )
+    if isinstance(budget, bool) or not isinstance(budget, str | int | float):
+        raise CkptplanError(
+            f"budget={budget!r}: pass a string such as '12GB', '800MiB' or '60%', or bytes"
+        )
+    try:
+        parse_budget(str(budget))
+    except CkptplanError as exc:
+        raise CkptplanError(f"budget={budget!r}: {exc}") from None
+    settings = {name: options.get(name, _SOLVE_PARAMETERS[name].default) for name in accepted}
+    return {**settings, "budget": str(budget)}
+
+
+def _key(
+    model: torch.nn.Module,
+    inputs: Inputs,
+    loss_fn: Callable[[Any], torch.Tensor] | None,
+    settings: dict[str, Any],
+) -> str:
+    """The cache name of a plan: a digest of everything that decides it."""
+    budget = parse_budget(settings["budget"])
+    chosen = {
+        **settings,
+        "budget": [budget.bytes, budget.fraction],
+        "optimizer": optimizer_name(settings["optimizer"]),
+        "dtype": dtype_name(settings["dtype"]),
+        "autocast": None if settings["autocast"] is None else dtype_name(settings["autocast"]),
+    }
+    described = {
+        "model": model_fingerprint(model)["hash"],
+        "frozen": [name for name, p in model.named_parameters() if not p.requires_grad],
+        "inputs": inputs_signature(inputs),
+        "loss_fn": None if loss_fn is None else _name_of(loss_fn),
+        "settings": chosen,
+        "versions": [__version__, torch.__version__],
+    }
+    text = json.dumps(described, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def _name_of(function: Callable[..., Any]) -> str:
+    return f"{getattr(function, '__module__', '')}.{getattr(function, '__qualname__', function)}"
+
+
+def _cache_folder(cache_dir: str | Path | None) -> Path:
+    """The cache folder, made now: a folder that cannot be made is refused before solving."""
+    folder = default_cache_dir() if cache_dir is None else Path(cache_dir).expanduser()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CkptplanError(
+            f"cache_dir={str(folder)!r} cannot be made ({exc.strerror}); pass a writable folder "
+            f"as cache_dir= or in ${CACHE_ENV}"
+        ) from None
+    return folder
+
+
+def _write(plan: Plan, path: Path) -> None:
+    """Write the plan whole or not at all: ranks that solve at once each replace the file."""
+    partial = path.with_name(f"{path.name}.{os.getpid()}.part")
+    try:
+        plan.save(partial)
+        os.replace(partial, path)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        log.warning("ckptplan: the plan was not cached (%s); the next run solves again", exc)
+        return
+    log.info("ckptplan: solved a plan (%s) and cached it, %s", plan.solver, path)
+
+
+@contextmanager
+def _caller_state_kept() -> Iterator[None]:
+    """Torch's random generators (the CPU's and every CUDA device's) as the caller left them:
+    profiling seeds them for its own steps."""
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        yield

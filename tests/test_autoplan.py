@@ -1,0 +1,159 @@
+"""Plan and apply in one call: identical gradients, a plan cache keyed by what decides the plan,
+the caller's state untouched, and one-line refusals of bad arguments."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+import ckptplan
+from ckptplan import api
+from ckptplan.autoplan import CACHE_ENV
+from ckptplan.errors import CkptplanError
+from ckptplan.loading import load_model_file
+from tests.conftest import MODELS
+
+TINY_GPT = load_model_file(MODELS / "tiny_gpt.py")
+
+
+@pytest.fixture
+def solves(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The budgets ``api.solve`` is called with, in order."""
+    calls: list[str] = []
+    solve = api.solve
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls.append(str(kwargs["budget"]))
+        return solve(*args, **kwargs)
+
+    monkeypatch.setattr(api, "solve", counted)
+    return calls
+
+
+def build(depth: int = 4) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return TINY_GPT.module.TinyGPT(depth=depth).train()
+
+
+def batch() -> tuple[torch.Tensor, ...]:
+    torch.manual_seed(123)
+    return TINY_GPT.inputs(2)
+
+
+def gradients(model: torch.nn.Module, seed: int = 0) -> dict[str, torch.Tensor]:
+    inputs = batch()
+    torch.manual_seed(seed)
+    TINY_GPT.loss(model(*inputs)).backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+def test_one_call_plans_applies_and_keeps_the_gradients(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, solves: list[str]
+) -> None:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    reference = build()
+    model = ckptplan.apply(copy.deepcopy(reference), budget="70%", example_inputs=batch())
+    applied = model.ckptplan_applied
+    assert solves == ["70%"] and applied.regions
+    assert len(list((tmp_path / "cache").glob("TinyGPT-*.json"))) == 1
+    expected, got = gradients(reference), gradients(model)
+    assert expected.keys() == got.keys()
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], atol=1e-6, rtol=0, msg=name)
+    assert applied.recomputed == len(applied.regions)
+    # Dropout is on: other masks would change the gradients, so the comparison can fail.
+    other = gradients(build(), seed=1)
+    assert any(not torch.equal(expected[name], other[name]) for name in expected)
+
+
+def test_solving_leaves_the_caller_rng_modes_and_weights_alone(tmp_path: Path) -> None:
+    model = build().eval()
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    inputs = batch()
+    torch.manual_seed(7)
+    state = torch.get_rng_state()
+    ckptplan.apply(model, budget="70%", example_inputs=inputs, cache_dir=tmp_path)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert model.ckptplan_applied.regions
+    assert not any(m.training for m in model.modules())
+    after = model.state_dict()
+    assert after.keys() == weights.keys()
+    assert all(torch.equal(after[k], weights[k]) for k in weights)
+
+
+def test_the_same_settings_read_the_cache_and_other_ones_solve_again(
+    tmp_path: Path, solves: list[str]
+) -> None:
+    first = ckptplan.apply(build(), budget="70%", example_inputs=batch(), cache_dir=tmp_path)
+    (cached,) = tmp_path.iterdir()
+    written = cached.stat().st_mtime_ns, cached.read_text()
+    # The same budget in another spelling is the same plan.
+    again = ckptplan.apply(build(), budget=0.7, example_inputs=batch(), cache_dir=tmp_path)
+    assert solves == ["70%"]
+    assert (cached.stat().st_mtime_ns, cached.read_text()) == written
+    assert again.ckptplan_applied.regions == first.ckptplan_applied.regions
+    gradients(again)
+    assert again.ckptplan_applied.recomputed == len(again.ckptplan_applied.regions)
+
+    ckptplan.apply(build(), budget="80%", example_inputs=batch(), cache_dir=tmp_path)
+    assert solves == ["70%", "80%"]
+    assert len(list(tmp_path.iterdir())) == 2
+
+
+def test_a_changed_model_or_batch_is_solved_again(tmp_path: Path, solves: list[str]) -> None:
+    ckptplan.apply(build(), budget="70%", example_inputs=batch(), cache_dir=tmp_path)
+    shallower = ckptplan.apply(
+        build(depth=3), budget="70%", example_inputs=batch(), cache_dir=tmp_path
+    )
+    assert all(
+        int(path.split(".")[1]) < 3 for r in shallower.ckptplan_applied.regions for path in r
+    )
+    longer = tuple(torch.cat([t, t], dim=0) for t in batch())
+    ckptplan.apply(build(), budget="70%", example_inputs=longer, cache_dir=tmp_path)
+    assert solves == ["70%"] * 3
+    assert len(list(tmp_path.iterdir())) == 3
+
+
+def test_an_unreadable_cached_plan_is_solved_again(tmp_path: Path, solves: list[str]) -> None:
+    ckptplan.apply(build(), budget="70%", example_inputs=batch(), cache_dir=tmp_path)
+    (cached,) = tmp_path.iterdir()
+    cached.write_text("{not json")
+    model = ckptplan.apply(build(), budget="70%", example_inputs=batch(), cache_dir=tmp_path)
+    assert solves == ["70%", "70%"] and model.ckptplan_applied.regions
+    assert ckptplan.Plan.load(cached).regions
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"plan": "plan.json", "budget": "1GB"}, "got a plan and budget="),
+        ({}, "needs a plan or budget="),
+        ({"budget": "12XB", "example_inputs": ()}, "budget='12XB': unknown unit 'XB'"),
+        ({"budget": "-1GB", "example_inputs": ()}, "budget='-1GB'"),
+        ({"budget": [1], "example_inputs": ()}, "budget=\\[1\\]: pass a string"),
+        ({"budget": "1GB"}, "needs example_inputs="),
+        ({"budget": "1GB", "example_inputs": 3}, "example_inputs= is of type int"),
+        ({"budget": "1GB", "example_inputs": (), "solvr": "dp"}, "unknown argument solvr="),
+        ({"budget": "1GB", "example_inputs": (), "dtype": torch.float64}, "dtype=torch.float64"),
+    ],
+)
+def test_bad_arguments_are_one_line_errors(
+    tmp_path: Path, solves: list[str], arguments: dict, message: str
+) -> None:
+    with pytest.raises(CkptplanError, match=message) as error:
+        ckptplan.apply(build(), cache_dir=arguments.pop("cache_dir", tmp_path), **arguments)
+    assert "\n" not in str(error.value) and not solves
+
+
+def test_refusals_come_before_solving(tmp_path: Path, solves: list[str]) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    with pytest.raises(CkptplanError, match=r"cache_dir=.*cannot be made"):
+        ckptplan.apply(build(), budget="1GB", example_inputs=batch(), cache_dir=blocked / "plans")
+    applied = ckptplan.apply(build(), budget="70%", example_inputs=batch(), cache_dir=tmp_path)
+    with pytest.raises(CkptplanError, match="already checkpointed by ckptplan"):
+        ckptplan.apply(applied, budget="60%", example_inputs=batch(), cache_dir=tmp_path)
+    assert solves == ["70%"]
