@@ -23,11 +23,19 @@ Note [where the CPU figures come from]
     half-precision rate is not fitted (the samples train in fp32): half the fp32 rate. What a
     plan's overhead depends on is the ratio of recomputed to total time, which a faster or
     slower CPU of the same kind scales alike. ``--measure`` times the ops on the machine itself.
+
+Note [pricing a compiled step]
+    Under ``torch.compile`` inductor fuses chains of pointwise and reduction ops into one
+    kernel: a fused op reads what its producer left in registers and launches nothing of its
+    own, so its share of the kernel's traffic is about its output, half of the bytes it moves
+    in eager mode. Matmuls and attention stay library calls. A selective policy is applied at
+    trace time (its tags go to the partitioner), so it costs no time per op call and needs no
+    margin to pay for itself (``Device.compiled``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from ckptplan.errors import CkptplanError
@@ -103,6 +111,13 @@ class Device:
     caching allocator hands out 512-byte multiples (``max_memory_allocated`` counts them so);
     the CPU allocator's live bytes are the tensors' own."""
 
+    fused: bool = False
+    """Price the step as ``torch.compile`` runs it (see Note [pricing a compiled step])."""
+
+    def compiled(self) -> Device:
+        """This device running a ``torch.compile``d step."""
+        return replace(self, fused=True, policy_op_time=0.0, selective_margin=0.0)
+
     def op_time(self, kind: OpKind, flops: float, bytes_moved: float, half: bool) -> float:
         """Seconds one op takes here.
 
@@ -115,6 +130,8 @@ class Device:
             peak = self.half_flops if half else self.fp32_flops
             compute = flops / (peak * (share.matmul if kind == "matmul" else share.attention))
         stream = self.bandwidth * (share.random if kind == "random" else share.memory)
+        if self.fused and kind == "memory":
+            return bytes_moved / (2 * stream)
         return share.launch + max(compute, bytes_moved / stream)
 
     def offload_time(self, nbytes: int) -> float | None:
@@ -152,10 +169,16 @@ DEVICES = {
 }
 
 
-def get_device(name: str) -> Device:
+def get_device(name: str, compiled: bool = False) -> Device:
+    """The device called ``name``; ``compiled``: running a ``torch.compile``d step.
+
+    >>> get_device("h100", compiled=True).fused
+    True
+    """
     try:
-        return DEVICES[name.lower()]
+        device = DEVICES[name.lower()]
     except KeyError:
         raise CkptplanError(
             f"unknown device {name!r}; choose one of {', '.join(DEVICES)}"
         ) from None
+    return device.compiled() if compiled else device

@@ -45,10 +45,14 @@ def answering() -> bool:
 
 
 @contextmanager
-def real_step_paths(inputs: Any) -> Iterator[None]:
-    """While active, the fake step takes the real step's paths for ``inputs`` (see above)."""
+def real_step_paths(inputs: Any, compiled: bool = False) -> Iterator[None]:
+    """While active, the fake step takes the real step's paths for ``inputs`` (see above).
+
+    A ``compiled`` step's layouts are inductor's, not the CPU kernels': it only gets the
+    library questions answered (and ``torch.compile`` runs no frame under a dispatch mode).
+    """
     with ExitStack() as stack:
-        if any(isinstance(t, FakeTensor) for t in pytree.tree_leaves(inputs)):
+        if not compiled and any(isinstance(t, FakeTensor) for t in pytree.tree_leaves(inputs)):
             stack.enter_context(_CpuLayouts())
         stack.enter_context(_one_sequence_per_row(inputs))
         yield

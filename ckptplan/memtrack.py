@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode_temporarily
 
 _UNREDUCED_LOSSES = frozenset(
     {
@@ -205,6 +205,32 @@ class LiveStorageTracker(TorchDispatchMode):
         if key in self._gradient_keys:
             self._gradient_keys.discard(key)
             self.gradients -= size
+
+
+class CompiledStepTracker(LiveStorageTracker):
+    """The tracker over a ``torch.compile``d step: declared an infrastructure mode, as dynamo
+    runs compiled frames only under those. The graphs it then sees run eager kernels
+    (``ckptplan.compiled.partitioning_backend``), so it counts every buffer they allocate.
+
+    The partitioner replays a recomputed random op through a higher-order op that restores the
+    RNG state (``run_with_rng_state``): it runs with this mode set aside, its outputs counted.
+    """
+
+    supports_higher_order_operators = True
+
+    @classmethod
+    def is_infra_mode(cls) -> bool:
+        return True
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if not isinstance(func, torch._ops.HigherOrderOperator):
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        with _pop_mode_temporarily():
+            out = func(*args, **(kwargs or {}))
+        for leaf in pytree.tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                self.count(leaf)
+        return out
 
 
 @contextlib.contextmanager

@@ -308,7 +308,7 @@ def region_policy(
 def selective_menus(profile: Profile, points: int = MENU_POINTS) -> list[list[Selection]]:
     """Per block, the selective options worth offering (keeping and offloading nothing is plain
     checkpoint). Offload is priced by the host link of the profile's ``--device``."""
-    device = get_device(profile.settings.device)
+    device = get_device(profile.settings.device, profile.settings.compiled)
     cache: dict[tuple[object, ...], list[Selection]] = {}
     menus = []
     for block, ops in zip(profile.blocks, block_forward_ops(profile), strict=True):

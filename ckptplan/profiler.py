@@ -96,6 +96,9 @@ class Settings:
     autocast: str | None = None
     measure: bool = False
     """Time every op on the local device (a real step) instead of the roofline estimate."""
+    compiled: bool = False
+    """The step runs under ``torch.compile``: priced fused, its peak taken from the partition
+    AOTAutograd makes (``ckptplan.compiled``)."""
 
 
 @dataclass(frozen=True)
@@ -452,7 +455,7 @@ def _profile(model_file: Workload, settings: Settings) -> Profile:
 
 
 def _profile_step(model_file: Workload, settings: Settings, real: bool) -> Profile:
-    device = get_device(settings.device)
+    device = get_device(settings.device, settings.compiled)
     dtype = parse_dtype(settings.dtype)
     with (
         nullcontext() if real else FakeTensorMode(allow_non_fake_inputs=True),

@@ -1,0 +1,132 @@
+"""A ``torch.compile``d training step as ckptplan plans and checks it.
+
+Under ``torch.compile`` what a step keeps for backward is not what autograd saves in eager
+mode: AOTAutograd traces forward and backward into one joint graph and its min-cut partitioner
+chooses the tensors the forward graph hands to the backward graph. Inside a checkpoint region
+the partitioner follows the region's tags (a selective policy's ``MUST_SAVE`` ops are saved,
+everything else is recomputed in backward, random ops replayed from a saved RNG state), and
+outside regions it makes its own choice. So a compiled plan's peak is taken from that partition,
+run on fake tensors: ``partitioning_backend`` is inductor's own decompositions and partitioner
+with eager kernels in place of inductor's code generation, which needs a compiler, real tensors
+and minutes. ``Partition`` records what was saved, so a test can hold the real inductor
+compilation to the same partition.
+
+Example:
+    >>> log = Partition()
+    >>> model = CompiledModel(torch.nn.Linear(4, 4), partitioning_backend(log))
+    >>> model(torch.randn(2, 4, requires_grad=True)).sum().backward()
+    >>> log.graphs, log.saved_bytes   # the input, saved for the weight's gradient
+    (1, 32)
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+
+
+@dataclass
+class Partition:
+    """What the partitioner handed from forward to backward, per compiled graph, in order.
+
+    Each saved tensor is ``(shape, dtype)``; the forward graph's own inputs (parameters, the
+    batch, region inputs outside the graph) are left out: they are live anyway.
+    """
+
+    saved: list[list[tuple[tuple[int, ...], str]]] = field(default_factory=list)
+    compiled_graphs: int = 0
+    """Forward graphs compiled: one per dynamo graph, more after a recompilation."""
+
+    @property
+    def graphs(self) -> int:
+        return len(self.saved)
+
+    @property
+    def saved_bytes(self) -> int:
+        return sum(_bytes(shape, dtype) for graph in self.saved for shape, dtype in graph)
+
+    def note_backward(self, graph: torch.fx.GraphModule) -> None:
+        self.saved.append(list(saved_tensors(graph)))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "graphs": self.graphs,
+            "saved_bytes": self.saved_bytes,
+            "saved": [[[list(shape), dtype] for shape, dtype in g] for g in self.saved],
+        }
+
+
+def saved_tensors(backward: torch.fx.GraphModule) -> Iterator[tuple[tuple[int, ...], str]]:
+    """The activations a backward graph receives from its forward graph: its placeholders but
+    the incoming gradients (``tangents_*``) and the forward graph's own inputs (``primals_*``)."""
+    for node in backward.graph.nodes:
+        if node.op != "placeholder" or node.name.startswith(("tangents", "primals")):
+            continue
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor):
+            yield tuple(int(s) for s in value.shape), str(value.dtype).removeprefix("torch.")
+
+
+def _bytes(shape: tuple[int, ...], dtype: str) -> int:
+    return getattr(torch, dtype).itemsize * int(torch.Size(shape).numel())
+
+
+def partitioning_backend(log: Partition) -> Callable[..., Any]:
+    """A ``torch.compile`` backend that partitions as inductor does and runs eager kernels."""
+    from functorch.compile import min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+    from torch._inductor.compile_fx import select_decomp_table
+
+    def forward(graph: torch.fx.GraphModule, _: Any) -> Any:
+        log.compiled_graphs += 1
+        return make_boxed_func(graph.forward)
+
+    def backward(graph: torch.fx.GraphModule, _: Any) -> Any:
+        log.note_backward(graph)
+        return make_boxed_func(graph.forward)
+
+    return aot_autograd(
+        fw_compiler=forward,
+        bw_compiler=backward,
+        decompositions=select_decomp_table(),
+        partition_fn=functools.partial(min_cut_rematerialization_partition, compiler="inductor"),
+    )
+
+
+def inductor_backend(log: Partition) -> Callable[..., Any]:
+    """Inductor itself, its backward graphs' saved tensors written to ``log``."""
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+    def inner(graph: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
+        if kwargs.get("is_backward"):
+            log.note_backward(graph)
+        else:
+            log.compiled_graphs += 1
+        return compile_fx_inner(graph, example_inputs, **kwargs)
+
+    def backend(graph: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        return compile_fx(graph, example_inputs, inner_compile=inner)
+
+    return backend
+
+
+class CompiledModel(torch.nn.Module):
+    """``torch.compile(model, backend=backend)`` whose parameters keep the model's own names
+    (``torch.compile`` prefixes them with ``_orig_mod.``), so gradients compare name by name."""
+
+    def __init__(self, model: torch.nn.Module, backend: Callable[..., Any] | str) -> None:
+        super().__init__()
+        self.model = model
+        self.compiled = torch.compile(model, backend=backend)
+
+    def named_parameters(self, *args: Any, **kwargs: Any) -> Any:
+        yield from self.model.named_parameters(*args, **kwargs)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.compiled(*args, **kwargs)
