@@ -4,7 +4,7 @@ example_inputs=batch)``.
 Solving takes seconds to minutes and a training job restarts often, so the plan is kept on disk
 under a name made of everything that decides it: the model's fingerprint and which of its
 parameters train, the shapes and dtypes of the example batch, the loss function's name, the
-budget, every solve setting (dtype, optimizer, device, solver, ...) and the versions of ckptplan
+budget, every solve setting (dtype, optimizer, target, solver, ...) and the versions of ckptplan
 and torch. A restart with the same settings reads the plan back; any change solves again, under
 another name. The cached file is an ordinary plan (``ckptplan show`` reads it).
 
@@ -35,7 +35,7 @@ from ckptplan.errors import CkptplanError
 from ckptplan.fingerprint import inputs_signature, model_fingerprint
 from ckptplan.loading import Inputs
 from ckptplan.plan import Plan
-from ckptplan.training import dtype_name, optimizer_name
+from ckptplan.training import dtype_name
 from ckptplan.wrapping import apply as apply_plan
 from ckptplan.wrapping import refuse_unapplicable
 
@@ -44,8 +44,15 @@ log = logging.getLogger("ckptplan")
 CACHE_ENV = "CKPTPLAN_CACHE"
 """The environment variable naming the plan cache folder (default ``~/.cache/ckptplan``)."""
 
-_GIVEN_BY_APPLY = ("model", "example_inputs", "budget", "loss_fn")
 _SOLVE_PARAMETERS = inspect.signature(api.solve).parameters
+_SOLVE_OPTIONS = tuple(
+    name
+    for name in _SOLVE_PARAMETERS
+    if name not in ("model", "example_inputs", "budget", "loss_fn")
+)
+"""The settings of ``ckptplan.solve`` that ``apply`` passes on."""
+_NOT_DECIDING = ("progress",)
+"""Settings that do not change the plan, kept out of its cache name."""
 _USAGE = (
     "ckptplan.apply(model, plan) applies a solved plan; "
     "ckptplan.apply(model, budget='12GB', example_inputs=batch) solves one"
@@ -67,7 +74,7 @@ def apply(
     ``example_inputs`` (the args or kwargs of one training batch's forward) as the plan that
     ``ckptplan.solve`` finds for them, read from ``cache_dir`` when solved before.
 
-    ``options`` are ``ckptplan.solve``'s (``dtype``, ``optimizer``, ``device``, ``solver``,
+    ``options`` are ``ckptplan.solve``'s (``dtype``, ``optimizer``, ``target``, ``solver``,
     ...). See ``ckptplan.wrapping.apply`` for what applying checks and does.
     """
     planning = {"budget": budget, "example_inputs": example_inputs, "loss_fn": loss_fn}
@@ -101,12 +108,10 @@ def cached_plan(
     cache when it holds one, else solved (leaving the caller's state alone) and written there.
     """
     inputs = _inputs(example_inputs)
-    settings = _solve_settings(budget, options)
+    _check(budget, options)
     refuse_unapplicable(model)
-    path = (
-        _cache_folder(cache_dir)
-        / f"{type(model).__name__}-{_key(model, inputs, loss_fn, settings)}.json"
-    )
+    name = f"{type(model).__name__}-{_key(model, inputs, loss_fn, budget, options)}.json"
+    path = _cache_folder(cache_dir) / name
     if path.is_file():
         try:
             plan = Plan.load(path)
@@ -116,7 +121,7 @@ def cached_plan(
             log.info("ckptplan: plan read from the cache, %s", path)
             return plan
     with _caller_state_kept():
-        plan = api.solve(model, inputs, loss_fn=loss_fn, **settings)
+        plan = api.solve(model, inputs, budget=str(budget), loss_fn=loss_fn, **options)
     _write(plan, path)
     return plan
 
@@ -146,14 +151,13 @@ def _inputs(example_inputs: Inputs | torch.Tensor | None) -> Inputs:
     return example_inputs
 
 
-def _solve_settings(budget: str | int | float, options: dict[str, Any]) -> dict[str, Any]:
-    """Every setting of ``ckptplan.solve`` but the model's, defaults filled in, checked."""
-    accepted = [name for name in _SOLVE_PARAMETERS if name not in _GIVEN_BY_APPLY]
-    unknown = sorted(set(options) - set(accepted))
+def _check(budget: str | int | float, options: dict[str, Any]) -> None:
+    """Refuse a budget or a solve setting that ``ckptplan.solve`` would not take."""
+    unknown = sorted(set(options) - set(_SOLVE_OPTIONS))
     if unknown:
         raise CkptplanError(
             f"ckptplan.apply got an unknown argument {unknown[0]}=; with budget= it takes "
-            f"cache_dir= and ckptplan.solve's: {', '.join(accepted)}"
+            f"cache_dir= and ckptplan.solve's: {', '.join(_SOLVE_OPTIONS)}"
         )
     if isinstance(budget, bool) or not isinstance(budget, str | int | float):
         raise CkptplanError(
@@ -163,35 +167,43 @@ def _solve_settings(budget: str | int | float, options: dict[str, Any]) -> dict[
         parse_budget(str(budget))
     except CkptplanError as exc:
         raise CkptplanError(f"budget={budget!r}: {exc}") from None
-    settings = {name: options.get(name, _SOLVE_PARAMETERS[name].default) for name in accepted}
-    return {**settings, "budget": str(budget)}
 
 
 def _key(
     model: torch.nn.Module,
     inputs: Inputs,
     loss_fn: Callable[[Any], torch.Tensor] | None,
-    settings: dict[str, Any],
+    budget: str | int | float,
+    options: dict[str, Any],
 ) -> str:
-    """The cache name of a plan: a digest of everything that decides it."""
-    budget = parse_budget(settings["budget"])
-    chosen = {
-        **settings,
-        "budget": [budget.bytes, budget.fraction],
-        "optimizer": optimizer_name(settings["optimizer"]),
-        "dtype": dtype_name(settings["dtype"]),
-        "autocast": None if settings["autocast"] is None else dtype_name(settings["autocast"]),
+    """The cache name of a plan: a digest of everything that decides it, each solve setting
+    with its default filled in (so that naming a default is the same plan)."""
+    parsed = parse_budget(str(budget))
+    settings = {
+        name: _settled(options.get(name, _SOLVE_PARAMETERS[name].default))
+        for name in _SOLVE_OPTIONS
+        if name not in _NOT_DECIDING
     }
     described = {
         "model": model_fingerprint(model)["hash"],
         "frozen": [name for name, p in model.named_parameters() if not p.requires_grad],
         "inputs": inputs_signature(inputs),
         "loss_fn": None if loss_fn is None else _name_of(loss_fn),
-        "settings": chosen,
+        "budget": [parsed.bytes, parsed.fraction],
+        "settings": settings,
         "versions": [__version__, torch.__version__],
     }
     text = json.dumps(described, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def _settled(value: Any) -> Any:
+    """A setting as the plan reads it: torch's dtypes by their names, classes by their paths."""
+    if isinstance(value, torch.dtype):
+        return dtype_name(value)
+    if isinstance(value, type):
+        return _name_of(value)
+    return value
 
 
 def _name_of(function: Callable[..., Any]) -> str:

@@ -4,6 +4,9 @@ the caller's state untouched, and one-line refusals of bad arguments."""
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +17,7 @@ from ckptplan import api
 from ckptplan.autoplan import CACHE_ENV
 from ckptplan.errors import CkptplanError
 from ckptplan.loading import load_model_file
-from tests.conftest import MODELS
+from tests.conftest import MODELS, ROOT
 
 TINY_GPT = load_model_file(MODELS / "tiny_gpt.py")
 
@@ -101,6 +104,29 @@ def test_the_same_settings_read_the_cache_and_other_ones_solve_again(
     ckptplan.apply(build(), budget="80%", example_inputs=batch(), cache_dir=tmp_path)
     assert solves == ["70%", "80%"]
     assert len(list(tmp_path.iterdir())) == 2
+
+
+RESTART = """
+import logging, sys, torch, ckptplan
+from ckptplan.loading import load_model_file
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+workload = load_model_file(sys.argv[1])
+torch.manual_seed(123)
+model = workload.module.TinyGPT(depth=4).train()
+ckptplan.apply(model, budget="70%", example_inputs=workload.inputs(2), cache_dir=sys.argv[2])
+assert model.ckptplan_applied.regions
+"""
+
+
+def test_a_restarted_process_reads_the_plan_back(tmp_path: Path) -> None:
+    ckptplan.apply(build(), budget="70%", example_inputs=batch(), cache_dir=tmp_path)
+    (cached,) = tmp_path.iterdir()
+    command = [sys.executable, "-c", RESTART, str(MODELS / "tiny_gpt.py"), str(tmp_path)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"plan read from the cache, {cached}" in done.stderr
+    assert "solved a plan" not in done.stderr and list(tmp_path.iterdir()) == [cached]
 
 
 def test_a_changed_model_or_batch_is_solved_again(tmp_path: Path, solves: list[str]) -> None:
