@@ -58,7 +58,9 @@ class BatchGuard:
     def __call__(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
         if torch.compiler.is_compiling() or not self.elements:
             return
-        key = tuple((tuple(t.shape), str(t.dtype)) for t in input_tensors((args, kwargs)))
+        # A scalar is no batch (Trainer passes the step's token count, num_items_in_batch).
+        batch = [t for t in input_tensors((args, kwargs)) if t.dim()]
+        key = tuple((tuple(t.shape), str(t.dtype)) for t in batch)
         elements = sum(math.prod(shape) for shape, _ in key)
         dtypes = {dtype for _, dtype in key}
         if key in self.seen or (elements <= self.elements and dtypes <= self.dtypes):
