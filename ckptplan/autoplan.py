@@ -4,7 +4,7 @@ example_inputs=batch)``.
 Solving takes seconds to minutes and a training job restarts often, so the plan is kept on disk
 under a name made of everything that decides it: the model's fingerprint and which of its
 parameters train, the shapes and dtypes of the example batch, the loss function's name, the
-budget, every solve setting (dtype, optimizer, target, solver, ...) and the versions of ckptplan
+budget, every solve setting (dtype, optimizer, solver, ...) and the versions of ckptplan
 and torch. A restart with the same settings reads the plan back; any change solves again, under
 another name. The cached file is an ordinary plan (``ckptplan show`` reads it).
 
@@ -74,8 +74,8 @@ def apply(
     ``example_inputs`` (the args or kwargs of one training batch's forward) as the plan that
     ``ckptplan.solve`` finds for them, read from ``cache_dir`` when solved before.
 
-    ``options`` are ``ckptplan.solve``'s (``dtype``, ``optimizer``, ``target``, ``solver``,
-    ...). See ``ckptplan.wrapping.apply`` for what applying checks and does.
+    ``options`` are ``ckptplan.solve``'s (``dtype``, ``optimizer``, ``solver``,
+    ``world_size``, ...). See ``ckptplan.wrapping.apply`` for what applying checks and does.
     """
     planning = {"budget": budget, "example_inputs": example_inputs, "loss_fn": loss_fn}
     planning.update(cache_dir=cache_dir, **options)
