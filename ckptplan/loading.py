@@ -2,11 +2,17 @@
 
 A model file defines ``build_model()``, ``example_inputs(batch_size=...)`` and optionally
 ``loss_fn(output)``. Every failure names the file, the line where it can, and the fix.
+
+``MODULE:NAME`` stands for a model file inside an importable package, without a file of its
+own: NAME is either a function that returns the model, used as ``build_model`` beside
+MODULE's own ``example_inputs`` (and ``loss_fn``, if any), or an object (a class, an instance,
+a submodule) with ``build_model`` and ``example_inputs`` attributes of its own.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.util
 import inspect
 import sys
@@ -24,6 +30,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ckptplan.errors import CkptplanError
+from ckptplan.options import is_factory_spec
 
 Inputs = tuple[Any, ...] | dict[str, Any]
 
@@ -35,20 +42,28 @@ _SIGNATURES = {
 
 @dataclass(frozen=True)
 class ModelFile:
-    """The functions a model file provides, with the file they came from."""
+    """The functions a model file provides, with the file they came from.
 
-    path: Path
-    module: ModuleType
+    For ``MODULE:NAME``, ``module`` is the object whose functions are called, ``build_name``
+    the (dotted) name of the one that builds the model, and ``label`` the spec itself.
+    """
+
+    path: Path | None
+    module: Any
+    build_name: str = "build_model"
+    label: str | None = None
 
     @property
     def name(self) -> str:
+        if self.label is not None or self.path is None:
+            return self.label or repr(self.module)
         return self.path.name
 
     def build(self) -> torch.nn.Module:
-        model = _call(self, "build_model")
+        model = _call(self, self.build_name)
         if not isinstance(model, torch.nn.Module):
             raise CkptplanError(
-                f"build_model() in {self.name} returned {type(model).__name__}; "
+                f"{self.build_name}() in {self.name} returned {type(model).__name__}; "
                 "it must return a torch.nn.Module"
             )
         return model
@@ -226,10 +241,16 @@ def call_model(model: torch.nn.Module, inputs: Inputs) -> Any:
 
 
 def load_model_file(path: str | Path) -> ModelFile:
-    """Import a model file; a missing file, an import error or a missing function is one line."""
+    """Import a model file, or the ``MODULE:NAME`` that stands for one; a missing file or
+    module, an import error or a missing function is one line."""
+    if is_factory_spec(path):
+        return load_factory(str(path))
     file = Path(path)
     if not file.is_file():
-        raise CkptplanError(f"model file {path} not found; pass the path of a .py file")
+        raise CkptplanError(
+            f"model file {path} not found; pass the path of a .py file, MODULE:FUNCTION or "
+            "hf:NAME_OR_DIR"
+        )
     name = f"ckptplan_model_{abs(hash(file.resolve()))}"
     spec = importlib.util.spec_from_file_location(name, file)
     if spec is None or spec.loader is None:
@@ -249,9 +270,73 @@ def load_model_file(path: str | Path) -> ModelFile:
     return ModelFile(file, module)
 
 
+def load_factory(spec: str) -> ModelFile:
+    """``MODULE:NAME`` (see the module docstring), MODULE imported as ``import`` would."""
+    module_name, _, attribute = spec.partition(":")
+    module = _import(module_name, spec)
+    found = _lookup(module, attribute)
+    if found is None:
+        raise CkptplanError(
+            f"{spec}: module {module_name} defines no {attribute}; name a function that returns "
+            "the model, or an object with build_model and example_inputs"
+        )
+    path = Path(module.__file__) if getattr(module, "__file__", None) else None
+    if all(callable(getattr(found, role, None)) for role in _SIGNATURES):
+        return ModelFile(path, found, label=spec)
+    if not callable(found):
+        raise CkptplanError(
+            f"{spec} is a {type(found).__name__}, neither a function that returns the model nor "
+            "an object with build_model and example_inputs"
+        )
+    if not callable(getattr(module, "example_inputs", None)):
+        raise CkptplanError(
+            f"{spec}: module {module_name} defines no example_inputs() to call beside "
+            f"{attribute}(); add `{_SIGNATURES['example_inputs']}` to it"
+        )
+    return ModelFile(path, module, build_name=attribute, label=spec)
+
+
+def _import(module_name: str, spec: str) -> ModuleType:
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and f"{module_name}.".startswith(f"{exc.name}."):
+            raise CkptplanError(
+                f"{spec}: no module named {exc.name} to import; install its package, or run "
+                "from the folder that holds it"
+            ) from None
+        raise CkptplanError(
+            f"importing {module_name} for {spec} failed: "
+            f"{describe_exception(exc, _source_of(module_name))}"
+        ) from None
+    except Exception as exc:
+        raise CkptplanError(
+            f"importing {module_name} for {spec} failed: "
+            f"{describe_exception(exc, _source_of(module_name))}"
+        ) from None
+
+
+def _source_of(module_name: str) -> Path | None:
+    """The file of a module that failed to import, to name the line that failed."""
+    try:
+        found = importlib.util.find_spec(module_name)
+    except Exception:  # its parent package fails to import too: no file to name
+        return None
+    return Path(found.origin) if found is not None and found.origin else None
+
+
+def _lookup(owner: Any, dotted: str) -> Any:
+    """``owner.a.b`` for ``"a.b"``, or None where a part is missing."""
+    for part in dotted.split("."):
+        owner = getattr(owner, part, None)
+        if owner is None:
+            return None
+    return owner
+
+
 def _call(model_file: ModelFile, function: str, *args: Any) -> Any:
     try:
-        return getattr(model_file.module, function)(*args)
+        return functools.reduce(getattr, function.split("."), model_file.module)(*args)
     except CkptplanError:
         raise
     except Exception as exc:

@@ -84,3 +84,47 @@ def test_default_loss() -> None:
 
     assert default_loss(Output()).item() == 3.0
     assert "loss_fn" in one_line_error(lambda: default_loss(torch.arange(3)))
+
+
+def test_a_factory_takes_its_modules_example_inputs() -> None:
+    workload = load_model_file("tests.factories:build_mlp")
+    assert workload.name == "tests.factories:build_mlp"
+    assert len(workload.build().layers) == 8
+    assert workload.inputs(3)[0].shape == (3, 32)
+    assert workload.default_batch_size == 512
+
+
+def test_an_object_with_a_model_files_functions() -> None:
+    workload = load_model_file("tests.factories:Wide")
+    assert len(workload.build()) == 3
+    assert workload.inputs()["input"].shape == (2, 8)
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragments"),
+    [
+        ("tests.no_such_module:build", ("no module named tests.no_such_module",)),
+        ("no_such_package.models:build", ("no module named no_such_package",)),
+        ("tests.factories:build_nothing", ("tests.factories defines no build_nothing",)),
+        ("tests.factories:WIDTH", ("tests.factories:WIDTH is a int",)),
+        ("json:dumps", ("module json defines no example_inputs()", "def example_inputs(")),
+    ],
+)
+def test_a_factory_that_is_not_there(spec: str, fragments: tuple[str, ...]) -> None:
+    message = one_line_error(lambda: load_model_file(spec))
+    for fragment in fragments:
+        assert fragment in message
+
+
+def test_a_factorys_own_failures_name_it() -> None:
+    returned = one_line_error(load_model_file("tests.factories:build_list").build)
+    assert "build_list() in tests.factories:build_list returned list" in returned
+    raised = one_line_error(load_model_file("tests.factories:broken").build)
+    assert "broken() in tests.factories:broken raised ValueError: no such width" in raised
+    assert "factories.py, line" in raised
+
+
+def test_an_existing_file_wins_over_a_factory_spec(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "odd:name").write_text("")
+    assert "odd:name is not a Python file" in one_line_error(lambda: load_model_file("odd:name"))
