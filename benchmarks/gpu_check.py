@@ -77,7 +77,7 @@ def least_peak(path: Path, common: dict[str, Any]) -> int:
 def check_model(name: str, setup: Setup) -> dict[str, Any]:
     """Solve, verify and measure the peers for one model at every fraction."""
     path = MODELS[name]
-    common = {"dtype": "bf16", "device": setup.kind, "batch_size": setup.batch_size}
+    common = {"dtype": "bf16", "target": setup.kind, "batch_size": setup.batch_size}
     unchecked = ckptplan.solve(path, budget="100%", solver="none", fake_run=False, **common)
     top = unchecked.predicted["peak_bytes"]
     least = least_peak(path, {**common, "solver": setup.solver})
@@ -92,7 +92,7 @@ def check_model(name: str, setup: Setup) -> dict[str, Any]:
     for fraction in setup.fractions:
         budget = int(least + fraction * (top - least))
         plan = ckptplan.solve(path, budget=str(budget), solver=setup.solver, **common)
-        check = ckptplan.verify(path, plan, device=target, repeats=repeats)
+        check = ckptplan.verify(path, plan, run_on=target, repeats=repeats)
         point = {
             "fraction": fraction,
             "budget_bytes": budget,

@@ -3,7 +3,7 @@
 Runs the CLI as a user would, in a subprocess, so the figures include interpreter start-up
 and the import of torch, and the peak RSS is that process's alone:
 
-    ckptplan solve sample_models/llama7b.py --budget 80GB --device h100 --dtype bf16
+    ckptplan solve sample_models/llama7b.py --budget 80GB --target h100 --dtype bf16
 
 Peak RSS comes from ``/usr/bin/time -v`` when it exists, else from
 ``getrusage(RUSAGE_CHILDREN)``. Targets: under 60 s and under 4 GiB on a two-core machine.
@@ -37,7 +37,7 @@ TARGET_RSS_BYTES = 4 * 2**30
 GNU_TIME = "/usr/bin/time"
 
 
-def run_solve(budget: str, device: str, dtype: str) -> dict[str, Any]:
+def run_solve(budget: str, target: str, dtype: str) -> dict[str, Any]:
     """Run ``ckptplan solve --json`` once; wall time, peak RSS and what the plan predicts."""
     command = [
         sys.executable,
@@ -47,8 +47,8 @@ def run_solve(budget: str, device: str, dtype: str) -> dict[str, Any]:
         str(MODEL.relative_to(ROOT)),
         "--budget",
         budget,
-        "--device",
-        device,
+        "--target",
+        target,
         "--dtype",
         dtype,
         "--batch-size",
@@ -96,10 +96,10 @@ def run_solve(budget: str, device: str, dtype: str) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", default="80GB")
-    parser.add_argument("--device", default="h100")
+    parser.add_argument("--target", default="h100")
     parser.add_argument("--dtype", default="bf16")
     args = parser.parse_args()
-    result = run_solve(args.budget, args.device, args.dtype)
+    result = run_solve(args.budget, args.target, args.dtype)
     ok = result["returncode"] == 0
     result["meets_targets"] = (
         ok

@@ -26,7 +26,7 @@ import ckptplan
 from ckptplan.loading import load_model_file
 from ckptplan.profiler import Settings
 from ckptplan.report import show_sweep
-from ckptplan.sweep import SweepPoint, save_plot, sweep
+from ckptplan.sweep import SweepOptions, SweepPoint, save_plot, sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -87,11 +87,11 @@ def main() -> None:
     for name in args.models:
         path = ROOT / "sample_models" / f"{name}.py"
         workload = load_model_file(path)
-        points = sweep(
-            workload, Settings(measure=True), points=args.points, verify=True, repeats=args.repeats
-        )
+        options = SweepOptions(points=args.points, verify=True, repeats=args.repeats, run_on="cpu")
+        result = sweep(workload, Settings(measure=True), options)
+        points = result.points
         console.rule(name)
-        show_sweep(points, console)
+        show_sweep(result, console)
         losses = dominated_by_fixed(points)
         console.print(f"fixed policies faster and smaller than auto: {losses or 'none'}")
         tight = auto_against_full(path, 2 * args.repeats)
@@ -106,7 +106,7 @@ def main() -> None:
             "full_peak_plus_2pct": tight,
             "settings": {"points": args.points, "repeats": args.repeats, "threads": args.threads},
         }
-        save_plot(points, str(RESULTS / f"pareto_{name}.png"), f"{name}.py (measured on CPU)")
+        save_plot(result, str(RESULTS / f"pareto_{name}.png"))
         # Re-read before writing: several runs (one model each) may share the file.
         merged = json.loads(out.read_text()) if out.exists() else {}
         merged[name] = results[name]

@@ -24,9 +24,11 @@ from ckptplan.hub import HubModel, is_hub_name
 from ckptplan.loading import Inputs, LiveModel, Workload, load_model_file
 from ckptplan.measure import Verification, fake_run_peak, verify_plan
 from ckptplan.opgraph import GapReport, optimality_gap
+from ckptplan.options import precision, renamed_keywords
 from ckptplan.plan import Plan, Region, as_plan
 from ckptplan.problem import region_policy, selective_menus, to_chain
 from ckptplan.profiler import Profile, Settings, profile_model
+from ckptplan.progress import QUIET, Progress
 from ckptplan.simulate import predict
 from ckptplan.solvers import BASELINES, SOLVERS, run_solver
 from ckptplan.solvers.chain import Chain, InfeasibleBudget, Schedule
@@ -72,23 +74,31 @@ def _settings(
     batch_size: int | None,
     optimizer: OptimizerArg,
     dtype: DtypeArg,
-    device: str,
+    target: str,
     blocks: str | None,
     autocast: DtypeArg | None,
     measure: bool,
 ) -> Settings:
-    """The settings a plan records, torch's own types written as their names."""
+    """The settings a plan records, torch's own types written as their names, and mixed
+    precision (``bf16-mixed``) as the fp32 weights and the autocast dtype it stands for."""
+    try:
+        weights, half = precision(
+            dtype_name(dtype), None if autocast is None else dtype_name(autocast)
+        )
+    except ValueError as exc:
+        raise CkptplanError(str(exc)) from None
     return Settings(
         batch_size=batch_size,
         optimizer=optimizer_name(optimizer),
-        dtype=dtype_name(dtype),
-        device=device,
+        dtype=weights,
+        device=target,
         blocks=blocks,
-        autocast=None if autocast is None else dtype_name(autocast),
+        autocast=half,
         measure=measure,
     )
 
 
+@renamed_keywords(device="target")
 def profile(
     model: ModelArg,
     example_inputs: Inputs | None = None,
@@ -98,22 +108,33 @@ def profile(
     optimizer: OptimizerArg = "adamw",
     dtype: DtypeArg = "fp32",
     autocast: DtypeArg | None = None,
-    device: str = "cpu",
+    target: str = "cpu",
     blocks: str | None = None,
     measure: bool = False,
     world_size: int = 1,
     parallel: str | None = None,
+    progress: Progress = QUIET,
 ) -> Profile:
-    """Profile one training step on fake tensors (nothing is allocated).
+    """Profile one training step on fake tensors (nothing is allocated), priced for the
+    ``target`` device.
 
     ``measure=True`` also runs the step for real on this machine and times every op. With
     ``parallel`` ("fsdp" or "ddp") and ``world_size``, the profile is one rank's.
     """
     workload = _workload(model, example_inputs, loss_fn)
-    settings = _settings(batch_size, optimizer, dtype, device, blocks, autocast, measure)
+    settings = _settings(batch_size, optimizer, dtype, target, blocks, autocast, measure)
+    progress.phase(_profiling(settings))
     return _per_rank(profile_model(workload, settings), world_size, parallel)
 
 
+def _profiling(settings: Settings) -> str:
+    """The profiling phase, as a progress display names it."""
+    if settings.measure:
+        return "profiling one training step on fake tensors, then timing its ops for real"
+    return "profiling one training step on fake tensors"
+
+
+@renamed_keywords(device="target")
 def solve(
     model: ModelArg,
     example_inputs: Inputs | None = None,
@@ -128,16 +149,18 @@ def solve(
     optimizer: OptimizerArg = "adamw",
     dtype: DtypeArg = "fp32",
     autocast: DtypeArg | None = None,
-    device: str = "cpu",
+    target: str = "cpu",
     blocks: str | None = None,
     measure: bool = False,
     fake_run: bool = True,
     world_size: int = 1,
     parallel: str | None = None,
     margin: float | None = None,
+    progress: Progress = QUIET,
 ) -> Plan:
-    """Profile the model and return the plan of least recompute time that fits ``budget``,
-    less ``margin`` percent of it (default: the device's, 0.1 on the CPU, 3 on a GPU).
+    """Profile the model and return the plan of least recompute time that fits ``budget`` on
+    the ``target`` device, less ``margin`` percent of it (default: the target's, 0.1 on the
+    CPU, 3 on a GPU).
 
     With ``fake_run`` (the default) the chosen plan is executed on fake tensors to confirm
     its peak; should the real checkpointed code need more than the chain model predicted,
@@ -151,15 +174,17 @@ def solve(
         raise CkptplanError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
     parsed = parse_budget(str(budget))
     workload = _workload(model, example_inputs, loss_fn)
-    settings = _settings(batch_size, optimizer, dtype, device, blocks, autocast, measure)
+    settings = _settings(batch_size, optimizer, dtype, target, blocks, autocast, measure)
+    progress.phase(_profiling(settings))
     prof = _per_rank(profile_model(workload, settings), world_size, parallel)
+    progress.phase(f"solving ({solver})")
     menus = selective_menus(prof) if solver == "auto" else None
     chain = to_chain(prof, scope, menus)
     options = {"every": every, "max_segment": max_segment}
     unchecked = run_solver("none", chain, None, **options)
     budget_bytes = parsed.resolve(unchecked.peak)
     # A fixed policy is the plan the user named: only the searching solvers hold a margin back.
-    held_back = _margin(margin, device) if solver in ("dp", "auto") else 0.0
+    held_back = _margin(margin, target) if solver in ("dp", "auto") else 0.0
     aim = budget_bytes - round(budget_bytes * held_back / 100)
     baselines = {}
     for name in BASELINES:
@@ -179,6 +204,7 @@ def solve(
         settings={"world_size": world_size, "parallel": parallel},
         baselines=baselines,
         checked=fake_run and parallel is None,
+        progress=progress,
     )
     plan, confirmed = search.run(solver)
     if solver == "auto":
@@ -191,7 +217,7 @@ def solve(
                 plan.predicted["recompute_time_s"],
                 segments.predicted["recompute_time_s"],
                 plan.predicted["step_time_s"],
-                get_device(device).selective_margin if _policied(plan) else 0.0,
+                get_device(target).selective_margin if _policied(plan) else 0.0,
             )
         ):
             plan, confirmed = replace(segments, solver="auto"), segments_peak
@@ -222,6 +248,7 @@ class _Search:
     settings: dict[str, Any]
     baselines: dict[str, Any]
     checked: bool
+    progress: Progress = QUIET
     confirmed: dict[str, int] = field(default_factory=dict)
     """Fake-run peaks by the plan's regions: auto and dp often reach the same plan."""
 
@@ -247,6 +274,7 @@ class _Search:
     def _fake_run(self, plan: Plan) -> int:
         key = json.dumps([region.to_json() for region in plan.regions])
         if key not in self.confirmed:
+            self.progress.phase("confirming the plan's peak on fake tensors")
             self.confirmed[key] = fake_run_peak(self.workload, plan)
         return self.confirmed[key]
 
@@ -263,7 +291,7 @@ class _Search:
             # recomputed copy dies at its last use inside the node. So the plan of least peak
             # may run within a budget its prediction exceeds: the fake run decides.
             schedule = run_solver(solver, self.chain, exc.least_peak, **self.options)
-            confirmed = fake_run_peak(self.workload, self._plan(schedule))
+            confirmed = self._fake_run(self._plan(schedule))
             if confirmed > self.aim:
                 raise _below_least_peak(confirmed, *refusal) from None
             return schedule, confirmed
@@ -308,10 +336,10 @@ def _policied(plan: Plan) -> bool:
     return any(r.policy or any(c.policy for c in r.children) for r in plan.regions)
 
 
-def _margin(percent: float | None, device: str) -> float:
-    """The share of the budget held back, in percent (the device's default when None)."""
+def _margin(percent: float | None, target: str) -> float:
+    """The share of the budget held back, in percent (the target's default when None)."""
     if percent is None:
-        return get_device(device).margin_percent
+        return get_device(target).margin_percent
     if not 0 <= percent < 50:
         raise CkptplanError(f"--margin {percent:g} is not a percentage in [0, 50); e.g. --margin 2")
     return percent
@@ -334,6 +362,7 @@ def _below_least_peak(
     )
 
 
+@renamed_keywords(device="target")
 def optimality_gap_of_auto(
     model: ModelArg,
     example_inputs: Inputs | None = None,
@@ -345,7 +374,7 @@ def optimality_gap_of_auto(
     optimizer: OptimizerArg = "adamw",
     dtype: DtypeArg = "fp32",
     autocast: DtypeArg | None = None,
-    device: str = "cpu",
+    target: str = "cpu",
     blocks: str | None = None,
     measure: bool = False,
 ) -> GapReport:
@@ -359,7 +388,7 @@ def optimality_gap_of_auto(
         optimizer=optimizer,
         dtype=dtype,
         autocast=autocast,
-        device=device,
+        target=target,
         blocks=blocks,
         measure=measure,
     )
@@ -431,17 +460,20 @@ def _regions(
     return tuple(region for _, region in sorted(regions, key=lambda r: r[0]))
 
 
+@renamed_keywords(device="run_on")
 def verify(
     model: ModelArg,
     plan: Plan | str | Path,
     example_inputs: Inputs | None = None,
     *,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
-    device: str | None = None,
+    run_on: str | None = None,
     repeats: int = 3,
     force: bool = False,
+    progress: Progress = QUIET,
 ) -> Verification:
-    """Run the step with and without the plan: measured peak, time ratio, gradient difference."""
+    """Run the step with and without the plan on the local device ``run_on`` (default CUDA
+    where present): measured peak, time ratio, gradient difference."""
     workload = _workload(model, example_inputs, loss_fn)
     the_plan = as_plan(plan)
     if the_plan.settings.get("parallel"):
@@ -454,4 +486,5 @@ def verify(
         the_plan = Plan.from_json(
             {**the_plan.to_json(), "settings": {**the_plan.settings, "batch_size": None}}
         )
-    return verify_plan(workload, the_plan, device=device, repeats=repeats, force=force)
+    progress.phase(f"measuring {repeats} steps with and without the plan")
+    return verify_plan(workload, the_plan, device=run_on, repeats=repeats, force=force)

@@ -77,13 +77,19 @@ _SHOWN_UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
 
 def format_bytes(n: float, like: float | None = None) -> str:
     """Bytes in the binary unit a person reads best for ``n``, or for ``like`` (the largest
-    figure of a line, so that one line reads in one unit).
+    figure of a line or a table, so that it reads in one unit); a figure far below ``like``
+    keeps two significant digits.
 
     >>> format_bytes(3 * 2**30), format_bytes(512 * 2**20, like=3 * 2**30)
     ('3.00 GiB', '0.50 GiB')
+    >>> format_bytes(12 * 2**20, like=3 * 2**30), format_bytes(0, like=2**20)
+    ('0.012 GiB', '0.00 MiB')
     """
     scale = abs(n if like is None else like)
     for unit, size in _SHOWN_UNITS:
         if scale >= size:
-            return f"{n / size:.2f} {unit}"
+            value = n / size
+            small = 0 < abs(value) < 0.1
+            decimals = 1 - math.floor(math.log10(abs(value))) if small else 2
+            return f"{value:.{decimals}f} {unit}"
     return f"{int(n)} B"

@@ -3,58 +3,36 @@
 Torch is imported inside the commands that need it, so ``ckptplan remat`` and ``ckptplan show``
 start fast. A user error prints one line, ``error: ...``, and exits with status 2; any other
 failure (a bug in ckptplan or torch) prints one line, ``internal error: ...``, and exits with
-status 3. ``--debug`` (or ``CKPTPLAN_DEBUG=1``) adds the traceback.
+status 3. ``--debug`` (or ``CKPTPLAN_DEBUG=1``) adds the traceback. The options several
+commands share are in ``cli_options``.
 """
 
 from __future__ import annotations
 
-import functools
 import json
-import os
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 
 from ckptplan import __version__
-from ckptplan.boundary import (
-    EXIT_INTERNAL_ERROR,
-    Boundary,
-    UserError,
-    report_internal,
-    user_errors,
+from ckptplan.boundary import EXIT_INTERNAL_ERROR, Boundary, report_internal, user_errors
+from ckptplan.cli_options import (
+    MODEL_HELP,
+    StepOptions,
+    console,
+    hub_options,
+    print_json,
+    progress_display,
+    run_on_option,
+    step_options,
+    writable_destination,
 )
-from ckptplan.devices import DEVICES
 from ckptplan.errors import DEBUG_ENV
-from ckptplan.options import DTYPES, HUB_PREFIX, HUB_TASKS, OPTIMIZERS, SCOPES
+from ckptplan.options import SCOPES
 from ckptplan.remat_command import remat
 from ckptplan.solvers import SOLVERS
-
-
-def writable_destination(path: str) -> None:
-    """Refuse an output path before the long work, not after it."""
-    folder = Path(path).resolve().parent
-    if not folder.is_dir():
-        raise UserError(f"-o {path}: the folder {folder} does not exist; create it first")
-    if not os.access(folder, os.W_OK):
-        raise UserError(f"-o {path}: the folder {folder} is not writable")
-
-
-def _console(stderr: bool = False) -> Console:
-    """A console that wraps at the terminal's width, and not at all into a pipe or file (rich
-    would wrap at 80 columns there, breaking a report's lines for grep)."""
-    stream = sys.stderr if stderr else sys.stdout
-    if stream.isatty():
-        return Console(stderr=stderr)
-    return Console(stderr=stderr, width=10_000, soft_wrap=True)
-
-
-def _print_json(command: str, data: dict[str, Any]) -> None:
-    """A command's ``--json`` output, led by the schema it follows (``ckptplan.solve/1``)."""
-    click.echo(json.dumps({"schema": f"ckptplan.{command}/1", **data}, indent=2))
 
 
 @click.group(
@@ -73,6 +51,11 @@ def cli(ctx: click.Context, debug: bool) -> None:
     """Find the best activation-checkpointing plan for a PyTorch model, and apply it.
 
     \b
+    MODEL is a model file (model.py), MODULE:FUNCTION (a factory in an importable module,
+    beside its example_inputs), or hf:NAME_OR_DIR (a Hugging Face config).
+    --target is the device a plan is for (cpu, h100, ...); --on where a command runs a step.
+
+    \b
     Exit status:
       0  success
       1  a check failed: verify measured a peak over budget or differing gradients
@@ -83,112 +66,12 @@ def cli(ctx: click.Context, debug: bool) -> None:
         click.echo(ctx.get_help())
 
 
-def _optimizer_option(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    """A shortcut or a dotted class path (imported when the step is built)."""
-    if value in OPTIMIZERS or ("." in value and all(p.isidentifier() for p in value.split("."))):
-        return value
-    raise click.BadParameter(
-        f"{value!r} is neither {', '.join(OPTIMIZERS)} nor a class path like torch.optim.Adafactor"
-    )
+def model_argument(command: Callable[..., Any]) -> Callable[..., Any]:
+    return click.argument("model", metavar="MODEL")(command)
 
 
-_model_options = [
-    click.option(
-        "--batch-size", type=click.IntRange(min=1), default=None, help="Override the batch size."
-    ),
-    click.option(
-        "--optimizer",
-        default="adamw",
-        show_default=True,
-        callback=_optimizer_option,
-        help=f"Optimizer whose state the budget counts: {', '.join(OPTIMIZERS)}, or an "
-        "optimizer class (torch.optim.Adafactor).",
-    ),
-    click.option(
-        "--dtype",
-        type=click.Choice(DTYPES),
-        default="fp32",
-        show_default=True,
-        help="Parameter and activation dtype.",
-    ),
-    click.option(
-        "--autocast",
-        type=click.Choice(DTYPES[1:]),
-        default=None,
-        help="Run forward under torch.autocast in this dtype.",
-    ),
-    click.option(
-        "--device",
-        type=click.Choice(sorted(DEVICES)),
-        default="cpu",
-        show_default=True,
-        help="Device whose roofline estimates op times.",
-    ),
-    click.option(
-        "--blocks",
-        default=None,
-        help="Module paths of the chain's blocks, e.g. 'layers.*' (default: found).",
-    ),
-    click.option(
-        "--measure",
-        is_flag=True,
-        help="Time every op in a real step on this machine instead of the roofline.",
-    ),
-]
-
-
-_hub_options = [
-    click.option(
-        "--task",
-        type=click.Choice(HUB_TASKS),
-        default=None,
-        help="For hf: models, the task to build (default: from the config's architectures).",
-    ),
-    click.option(
-        "--seq-len",
-        type=click.IntRange(min=1),
-        default=None,
-        help="For hf: text models, tokens per sequence [default: 512].",
-    ),
-    click.option(
-        "--image-size",
-        type=click.IntRange(min=1),
-        default=None,
-        help="For hf: image models, the image side [default: the config's].",
-    ),
-]
-
-
-def hub_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """``--task``, ``--seq-len`` and ``--image-size``, folded into MODEL_FILE when it names a
-    Hugging Face config (``hf:NAME_OR_DIR``); refused with a model file, which sets its own."""
-
-    @functools.wraps(command)
-    def wrapper(*args: Any, task: Any, seq_len: Any, image_size: Any, **kwargs: Any) -> Any:
-        options = {"task": task, "seq_len": seq_len, "image_size": image_size}
-        given = [f"--{k.replace('_', '-')}" for k, v in options.items() if v is not None]
-        model = kwargs["model_file"]
-        if model.startswith(HUB_PREFIX):
-            from ckptplan.hub import HubModel
-
-            kwargs["model_file"] = HubModel.parse(model, **options)
-        elif given:
-            raise UserError(f"{', '.join(given)} apply to hf: models; {model} sets its own inputs")
-        return command(*args, **kwargs)
-
-    for option in reversed(_hub_options):
-        wrapper = option(wrapper)
-    return wrapper
-
-
-def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    for option in reversed(_model_options):
-        command = option(command)
-    return hub_options(command)
-
-
-@cli.command()
-@click.argument("model_file", type=click.Path(dir_okay=False))
+@cli.command(epilog=MODEL_HELP)
+@model_argument
 @click.option(
     "--budget",
     required=True,
@@ -224,12 +107,12 @@ def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
     show_default=True,
     help="Budget the whole step, or activations alone.",
 )
-@model_options
+@step_options
 @click.option(
     "--margin",
     type=float,
     default=None,
-    help="Percent of the budget the plan leaves unused [default: the device's: 0.1 on the "
+    help="Percent of the budget the plan leaves unused [default: the target's: 0.1 on the "
     "cpu, 3 on a GPU, whose allocator rounds and fragments].",
 )
 @click.option(
@@ -251,55 +134,43 @@ def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @user_errors
 def solve(
-    model_file: str,
+    model: str,
     budget: str,
     output: str | None,
     solver: str,
     every: int,
     max_segment: int | None,
     scope: str,
-    batch_size: int | None,
-    optimizer: str,
-    dtype: str,
-    autocast: str | None,
-    device: str,
-    blocks: str | None,
-    measure: bool,
+    step: StepOptions,
     margin: float | None,
     world_size: int,
     parallel: str | None,
     as_json: bool,
 ) -> None:
-    """Profile MODEL_FILE on fake tensors and find the plan that fits BUDGET."""
+    """Profile MODEL on fake tensors and find the plan that fits BUDGET."""
     from ckptplan.api import solve as solve_plan
     from ckptplan.report import show_plan
 
     if output:
         writable_destination(output)
-    status = Console(stderr=True).status(f"profiling {model_file} on fake tensors and solving")
-    with status:
+    with progress_display(as_json) as progress:
         plan = solve_plan(
-            model_file,
+            model,
             budget=budget,
             solver=solver,
             scope=scope,
             every=every,
             max_segment=max_segment,
-            batch_size=batch_size,
-            optimizer=optimizer,
-            dtype=dtype,
-            autocast=autocast,
-            device=device,
-            blocks=blocks,
-            measure=measure,
             world_size=world_size,
             parallel=parallel,
             margin=margin,
+            progress=progress,
+            **step.keywords(),
         )
     if output:
         plan.save(output)
     if as_json:
-        _print_json(
+        print_json(
             "solve",
             {
                 "budget_bytes": plan.budget["bytes"],
@@ -311,17 +182,17 @@ def solve(
             },
         )
         return
-    console = _console()
-    show_plan(plan, console)
+    out = console()
+    show_plan(plan, out)
     if output:
-        console.print(
+        out.print(
             f"plan written to [bold]{output}[/]; in training: "
             f"model = ckptplan.apply(model, {output!r})"
         )
 
 
-@cli.command("profile")
-@click.argument("model_file", type=click.Path(dir_okay=False))
+@cli.command("profile", epilog=MODEL_HELP)
+@model_argument
 @click.option(
     "--depth",
     type=click.IntRange(min=0),
@@ -336,46 +207,24 @@ def solve(
     show_default=True,
     help="How many of the largest saved tensors to list.",
 )
-@model_options
+@step_options
 @click.option("--json", "as_json", is_flag=True, help="Print the whole profile as JSON.")
 @user_errors
-def profile_command(
-    model_file: str,
-    depth: int,
-    top: int,
-    batch_size: int | None,
-    optimizer: str,
-    dtype: str,
-    autocast: str | None,
-    device: str,
-    blocks: str | None,
-    measure: bool,
-    as_json: bool,
-) -> None:
-    """Profile MODEL_FILE on fake tensors: memory, FLOPs and time by module."""
+def profile_command(model: str, depth: int, top: int, step: StepOptions, as_json: bool) -> None:
+    """Profile MODEL on fake tensors: memory, FLOPs and time by module."""
     from ckptplan.api import profile
     from ckptplan.report import profile_json, show_profile
 
-    console = _console(stderr=as_json)
-    with console.status(f"tracing one training step of {model_file} on fake tensors"):
-        result = profile(
-            model_file,
-            batch_size=batch_size,
-            optimizer=optimizer,
-            dtype=dtype,
-            autocast=autocast,
-            device=device,
-            blocks=blocks,
-            measure=measure,
-        )
+    with progress_display(as_json) as progress:
+        result = profile(model, progress=progress, **step.keywords())
     if as_json:
-        _print_json("profile", profile_json(result, depth))
+        print_json("profile", profile_json(result, depth))
     else:
-        show_profile(result, console, depth, top)
+        show_profile(result, console(), depth, top)
 
 
-@cli.command("sweep")
-@click.argument("model_file", type=click.Path(dir_okay=False))
+@cli.command("sweep", epilog=MODEL_HELP)
+@model_argument
 @click.option(
     "--points",
     type=click.IntRange(min=1),
@@ -384,11 +233,17 @@ def profile_command(
     help="Points of the dp and auto frontiers.",
 )
 @click.option(
+    "--budget",
+    default=None,
+    help="Mark this budget (as for solve) in the table and the plots.",
+)
+@click.option(
     "--verify",
     "run_verify",
     is_flag=True,
     help="Also run every point for real: measured peak and step time.",
 )
+@run_on_option("With --verify, the local device to measure on (cpu, cuda) [default: cuda if any].")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option(
     "--plot",
@@ -397,48 +252,60 @@ def profile_command(
     type=click.Path(dir_okay=False),
     help="Save the frontier as an image (.png or .svg); repeatable.",
 )
-@model_options
+@click.option(
+    "--save-plans",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Write every point's plan into this folder (STRATEGY-PEAK.json).",
+)
+@step_options
 @click.option("--json", "as_json", is_flag=True, help="Print the points as JSON.")
 @user_errors
 def sweep_command(
-    model_file: str,
+    model: str,
     points: int,
+    budget: str | None,
     run_verify: bool,
+    run_on: str | None,
     repeats: int,
     plots: tuple[str, ...],
-    batch_size: int | None,
-    optimizer: str,
-    dtype: str,
-    autocast: str | None,
-    device: str,
-    blocks: str | None,
-    measure: bool,
+    save_plans: str | None,
+    step: StepOptions,
     as_json: bool,
 ) -> None:
     """The memory/step-time frontier of every strategy: none, full, every-k, sqrt, dp, auto."""
     from ckptplan.api import load_workload
-    from ckptplan.profiler import Settings
+    from ckptplan.budget import parse_budget
     from ckptplan.report import show_sweep
-    from ckptplan.sweep import save_plot, sweep, terminal_plot
+    from ckptplan.sweep import SweepOptions, save_plot, sweep, terminal_plot
+    from ckptplan.sweep import save_plans as write_plans
 
-    workload = load_workload(model_file)
-    settings = Settings(batch_size, optimizer, dtype, device, blocks, autocast, measure)
-    console = _console(stderr=as_json)
-    with console.status(f"solving every strategy for {model_file}"):
-        results = sweep(workload, settings, points=points, verify=run_verify, repeats=repeats)
     for path in plots:
-        save_plot(results, path, f"{workload.name}: memory against step time")
+        writable_destination(path, "--plot")
+    parsed = parse_budget(budget) if budget is not None else None
+    workload = load_workload(model)
+    options = SweepOptions(points=points, verify=run_verify, repeats=repeats, run_on=run_on)
+    with progress_display(as_json) as progress:
+        result = sweep(workload, step.settings(), options, progress)
+    budget_bytes = parsed.resolve(result.unchecked_peak_bytes) if parsed else None
+    for path in plots:
+        save_plot(result, path, budget_bytes)
+    written = write_plans(result, save_plans) if save_plans else []
     if as_json:
-        _print_json("sweep", {"points": [p.to_json() for p in results]})
+        data = {"points": [p.to_json() for p in result.points], "budget_bytes": budget_bytes}
+        print_json("sweep", {**data, "plans": [str(p) for p in written]})
         return
-    show_sweep(results, console)
-    console.print(terminal_plot(results), highlight=False, markup=False)
+    out = console()
+    show_sweep(result, out, budget_bytes)
+    out.print(terminal_plot(result, budget_bytes), highlight=False, markup=False)
     for path in plots:
-        console.print(f"plot written to {path}")
+        out.print(f"plot written to {path}")
+    if written:
+        out.print(f"{len(written)} plans written to {save_plans}")
 
 
-@cli.command()
-@click.argument("model_file", type=click.Path(dir_okay=False))
+@cli.command(epilog="MODEL: a model file (model.py) or MODULE:FUNCTION.")
+@model_argument
 @click.argument("plan_file", type=click.Path(dir_okay=False))
 @click.option(
     "-o",
@@ -459,14 +326,14 @@ def sweep_command(
 @click.option("--force", is_flag=True, help="Rewrite even if the model's fingerprint differs.")
 @user_errors
 def rewrite(
-    model_file: str,
+    model: str,
     plan_file: str,
     output: str,
     weights: str | None,
     state_dict: str | None,
     force: bool,
 ) -> None:
-    """Write MODEL_FILE's model with PLAN_FILE's checkpointing as a standalone module.
+    """Write MODEL's model with PLAN_FILE's checkpointing as a standalone module.
 
     The module is the model traced by torch.fx; each checkpointed region is a submodule its
     forward calls through torch.utils.checkpoint. Models that do not trace: ckptplan.apply.
@@ -474,7 +341,7 @@ def rewrite(
     from ckptplan.rewrite import rewrite_file
 
     module, source, weights_file = rewrite_file(
-        model_file, plan_file, output, weights=weights, state_dict=state_dict, force=force
+        model, plan_file, output, weights=weights, state_dict=state_dict, force=force
     )
     regions = ", ".join(r.name for r in module.ckptplan_regions)
     click.echo(f"wrote {source} (checkpointed: {regions}) and its weights {weights_file}")
@@ -486,7 +353,7 @@ def rewrite(
 @click.option("--json", "as_json", is_flag=True, help="Print the plan file's JSON.")
 @user_errors
 def show(plan_file: str, as_json: bool) -> None:
-    """Print a plan without loading its model."""
+    """Print a plan, the settings it assumed and its prediction, without loading its model."""
     from ckptplan.plan import Plan
     from ckptplan.report import show_plan
 
@@ -494,18 +361,13 @@ def show(plan_file: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(plan.to_json(), indent=2))  # the plan's own schema
     else:
-        show_plan(plan, _console())
+        show_plan(plan, console())
 
 
-@cli.command()
-@click.argument("model_file", type=click.Path(dir_okay=False))
+@cli.command(epilog=MODEL_HELP)
+@model_argument
 @click.argument("plan_file", type=click.Path(dir_okay=False))
-@click.option(
-    "--on",
-    "target",
-    default=None,
-    help="Local device to run on (cpu, cuda, cuda:1); default cuda if present.",
-)
+@run_on_option("Local device to run on (cpu, cuda, cuda:1); default cuda if present.")
 @click.option(
     "--repeats",
     type=click.IntRange(min=1),
@@ -514,13 +376,13 @@ def show(plan_file: str, as_json: bool) -> None:
     help="Timed steps per variant (interleaved; the median counts).",
 )
 @click.option(
-    "--force", is_flag=True, help="Measure even if the plan is for another model or device."
+    "--force", is_flag=True, help="Measure even if the plan is for another model or target."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @hub_options
 @user_errors
 def verify(
-    model_file: str, plan_file: str, target: str | None, repeats: int, force: bool, as_json: bool
+    model: str, plan_file: str, run_on: str | None, repeats: int, force: bool, as_json: bool
 ) -> None:
     """Run a training step with and without the plan: peak, time and gradients.
 
@@ -529,17 +391,20 @@ def verify(
     from ckptplan.api import verify as verify_plan
     from ckptplan.report import show_verification
 
-    result = verify_plan(model_file, plan_file, device=target, repeats=repeats, force=force)
+    with progress_display(as_json) as progress:
+        result = verify_plan(
+            model, plan_file, run_on=run_on, repeats=repeats, force=force, progress=progress
+        )
     if as_json:
-        _print_json("verify", result.to_json())
+        print_json("verify", result.to_json())
     else:
-        show_verification(result, _console())
+        show_verification(result, console())
     if not (result.within_budget and result.grads_match):
         sys.exit(1)
 
 
-@cli.command()
-@click.argument("model_file", type=click.Path(dir_okay=False))
+@cli.command(epilog=MODEL_HELP)
+@model_argument
 @click.option("--budget", required=True, help="As for solve, in scope activations.")
 @click.option(
     "--time-limit",
@@ -548,22 +413,10 @@ def verify(
     show_default=True,
     help="Seconds for the ILP.",
 )
-@model_options
+@step_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @user_errors
-def gap(
-    model_file: str,
-    budget: str,
-    time_limit: float,
-    batch_size: int | None,
-    optimizer: str,
-    dtype: str,
-    autocast: str | None,
-    device: str,
-    blocks: str | None,
-    measure: bool,
-    as_json: bool,
-) -> None:
+def gap(model: str, budget: str, time_limit: float, step: StepOptions, as_json: bool) -> None:
     """How far auto's plan is from the exact optimum over the op graph (the ilp solver).
 
     The step's forward and backward ops become a rematerialisation problem (any op may be
@@ -573,23 +426,15 @@ def gap(
     from ckptplan.api import optimality_gap_of_auto
     from ckptplan.report import show_gap
 
-    with Console(stderr=True).status(f"solving {model_file} with auto and with the exact ILP"):
+    with progress_display(as_json) as progress:
+        progress.phase("solving with auto and with the exact ILP")
         report = optimality_gap_of_auto(
-            model_file,
-            budget=budget,
-            time_limit_s=time_limit,
-            batch_size=batch_size,
-            optimizer=optimizer,
-            dtype=dtype,
-            autocast=autocast,
-            device=device,
-            blocks=blocks,
-            measure=measure,
+            model, budget=budget, time_limit_s=time_limit, **step.keywords()
         )
     if as_json:
-        _print_json("gap", report.to_json())
+        print_json("gap", report.to_json())
     else:
-        show_gap(report, _console())
+        show_gap(report, console())
 
 
 cli.add_command(remat)

@@ -321,10 +321,10 @@ def verify_plan(
     target = run_device(device)
     kind = plan.settings.get("device", "cpu")
     if (kind == "cpu") != (target.type == "cpu") and not force:
-        where = "a CUDA GPU (--device cuda)" if kind != "cpu" else "the CPU (--device cpu)"
+        where = "a CUDA GPU (--on cuda)" if kind != "cpu" else "the CPU (--on cpu)"
         raise CkptplanError(
             f"the plan was made for {kind} and predicts that device's memory; verify it on "
-            f"{where}, solve again with --device {'cpu' if target.type == 'cpu' else 'h100'}, "
+            f"{where}, solve again with --target {'cpu' if target.type == 'cpu' else 'h100'}, "
             "or pass --force to measure it here anyway"
         )
     baseline_model, inputs, dtype = _baseline(model_file, plan.settings, target)

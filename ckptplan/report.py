@@ -10,21 +10,63 @@ from rich.table import Table
 
 from ckptplan.budget import format_bytes
 from ckptplan.plan import Plan
-from ckptplan.units import describe_units
+from ckptplan.units import describe_regions, describe_units
 
 
 def _regions_text(plan: Plan) -> str:
-    if not plan.regions:
-        return "none (every activation kept)"
-    names = []
-    for region in plan.regions:
-        first, last = region.modules[0], region.modules[-1]
-        name = first if first == last else f"{first} … {last}"
-        if region.policy:
-            kept, moved = len(region.policy.get("save", ())), len(region.policy.get("offload", ()))
-            name += f" (selective: keeps {kept} ops" + (f", offloads {moved})" if moved else ")")
-        names.append(name)
-    return ", ".join(names)
+    return describe_regions(plan.regions) if plan.regions else "none (every activation kept)"
+
+
+def _batch(plan: Plan) -> str:
+    """The batch the plan was made for: the flag, or the leading size of the model's inputs."""
+    if plan.settings.get("batch_size"):
+        return f"batch {plan.settings['batch_size']}"
+    sizes = {shape[0] for shape, _ in _input_shapes(plan.inputs) if shape}
+    return f"batch {sizes.pop()} (the model's)" if len(sizes) == 1 else "the model's own batch"
+
+
+def _input_shapes(inputs: Any) -> list[tuple[list[int], str]]:
+    """``[shape, dtype]`` leaves of a plan's recorded inputs."""
+    if (
+        isinstance(inputs, list | tuple)
+        and len(inputs) == 2
+        and isinstance(inputs[0], list | tuple)
+        and all(isinstance(d, int) for d in inputs[0])
+        and str(inputs[1]).startswith("torch.")
+    ):
+        return [(list(inputs[0]), inputs[1])]
+    if isinstance(inputs, dict):
+        inputs = list(inputs.values())
+    if isinstance(inputs, list | tuple):
+        return [leaf for item in inputs for leaf in _input_shapes(item)]
+    return []
+
+
+def settings_line(plan: Plan) -> str:
+    """What the plan assumed: target, precision, batch, optimizer, parallelism, scope."""
+    s = plan.settings
+    target = s.get("device", "cpu")
+    precision = s.get("dtype", "fp32")
+    if s.get("autocast"):
+        precision += f" weights, forward under autocast {s['autocast']}"
+    parallel = s.get("parallel")
+    ranks = (
+        f"{parallel} over {s.get('world_size')} ranks (figures per rank)"
+        if parallel
+        else "one device"
+    )
+    parts = [
+        f"target {target}",
+        precision,
+        _batch(plan),
+        f"optimizer {s.get('optimizer', 'adamw')}",
+        ranks,
+        f"scope {plan.budget.get('scope', 'step')}",
+        "op times measured here" if s.get("measure") else f"op times from the {target} roofline",
+    ]
+    if s.get("blocks"):
+        parts.append(f"blocks {s['blocks']!r}")
+    return "made for: " + " · ".join(parts)
 
 
 def _overhead(prediction: dict[str, Any]) -> str:
@@ -46,13 +88,7 @@ def show_plan(plan: Plan, console: Console) -> None:
         f"{budget['scope']}) · predicted peak [bold]{format_bytes(p['peak_bytes'], largest)}[/]"
         f" at {p['peak_event']} · recompute {_overhead(p)} of step time (estimated)"
     )
-    settings = plan.settings
-    console.print(
-        f"made for: {settings.get('device', 'cpu')} · {settings.get('dtype', 'fp32')}"
-        + (f" (autocast {settings['autocast']})" if settings.get("autocast") else "")
-        + f" · batch {settings.get('batch_size') or 'as the model gives it'} · optimizer "
-        f"{settings.get('optimizer', 'adamw')}"
-    )
+    console.print(settings_line(plan))
     device = plan.settings.get("device", "cpu")
     console.print(
         "the budget is held against "
@@ -95,9 +131,10 @@ def show_plan(plan: Plan, console: Console) -> None:
     for column in ("parameters", "gradients", "optimizer", "batch", "activations", "total"):
         parts.add_column(column, justify="right")
     parts.add_row(
-        *(format_bytes(p[k]) for k in ("parameters", "gradients", "optimizer", "inputs")),
-        format_bytes(p["activations"]),
-        format_bytes(p["peak_bytes"]),
+        *(
+            format_bytes(p[k], p["peak_bytes"])
+            for k in ("parameters", "gradients", "optimizer", "inputs", "activations", "peak_bytes")
+        )
     )
     console.print(parts)
     if plan.baselines:
@@ -107,9 +144,11 @@ def show_plan(plan: Plan, console: Console) -> None:
         table.add_column("recompute", justify="right")
         table.add_column("fits budget", justify="center")
         rows = [*plan.baselines.items(), (f"{plan.solver} (this plan)", p)]
+        like = max(prediction["peak_bytes"] for _, prediction in rows)
         for name, prediction in rows:
             fits = "✓" if prediction["peak_bytes"] <= budget["bytes"] else "✗"
-            table.add_row(name, format_bytes(prediction["peak_bytes"]), _overhead(prediction), fits)
+            peak = format_bytes(prediction["peak_bytes"], like)
+            table.add_row(name, peak, _overhead(prediction), fits)
         console.print(table)
 
 
@@ -121,25 +160,23 @@ def show_verification(result: Any, console: Console) -> None:
     table.add_column("", justify="center")
     fits = result.measured_peak_bytes <= result.budget_bytes
     instrument = "CUDA allocator" if result.device.startswith("cuda") else "CPU allocator"
-    table.add_row("budget", f"{result.budget_bytes / 2**30:.3g} GiB", "")
+    like = max(result.budget_bytes, result.measured_peak_bytes, result.baseline_peak_bytes)
+    table.add_row("budget", format_bytes(result.budget_bytes, like), "")
     table.add_row(
         f"measured peak ({instrument})",
-        format_bytes(result.measured_peak_bytes),
+        format_bytes(result.measured_peak_bytes, like),
         "✓" if fits else "✗",
     )
     if result.tracked_peak_bytes is not None:
         same = result.tracked_peak_bytes == result.measured_peak_bytes
         table.add_row(
             "peak by ckptplan's tracker",
-            format_bytes(result.tracked_peak_bytes),
+            format_bytes(result.tracked_peak_bytes, like),
             "=" if same else "≠",
         )
-    table.add_row(
-        "predicted peak",
-        f"{format_bytes(result.predicted_peak_bytes)} ({100 * result.prediction_error:.1f}% off)",
-        "",
-    )
-    table.add_row("unchecked peak", format_bytes(result.baseline_peak_bytes), "")
+    predicted = format_bytes(result.predicted_peak_bytes, like)
+    table.add_row("predicted peak", f"{predicted} ({100 * result.prediction_error:.1f}% off)", "")
+    table.add_row("unchecked peak", format_bytes(result.baseline_peak_bytes, like), "")
     table.add_row("step time ratio", f"{result.step_time_ratio:.2f}x", "")
     if result.predicted_overhead is not None:
         measured = result.step_time_ratio - 1
@@ -211,13 +248,15 @@ def show_profile(profile: Any, console: Console, depth: int = 2, top: int = 10) 
         f" · {s.dtype}{' autocast ' + s.autocast if s.autocast else ''} · optimizer "
         f"{s.optimizer} · times {'measured here' if s.measure else 'estimated for ' + s.device}"
     )
+    peak = profile.peak_bytes
     console.print(
-        f"unchecked peak [bold]{format_bytes(profile.peak_bytes)}[/] · persistent "
-        f"{format_bytes(profile.persistent_bytes)} (parameters "
-        f"{format_bytes(profile.parameter_bytes)}, optimizer "
-        f"{format_bytes(profile.optimizer_bytes)}, batch {format_bytes(profile.input_bytes)})"
-        f" · {_flops(profile.flops)}FLOP · step {_seconds(profile.step_time)} · a selective "
-        f"policy adds {profile.policy_op_time * 1e6:.0f} µs per op call"
+        f"unchecked peak [bold]{format_bytes(peak)}[/] · persistent "
+        f"{format_bytes(profile.persistent_bytes, peak)} (parameters "
+        f"{format_bytes(profile.parameter_bytes, peak)}, optimizer "
+        f"{format_bytes(profile.optimizer_bytes, peak)}, batch "
+        f"{format_bytes(profile.input_bytes, peak)}) · {_flops(profile.flops)}FLOP · step "
+        f"{_seconds(profile.step_time)} · a selective policy adds "
+        f"{profile.policy_op_time * 1e6:.0f} µs per op call"
     )
     table = Table(title=f"by module (depth {depth})")
     for column in (
@@ -231,12 +270,14 @@ def show_profile(profile: Any, console: Console, depth: int = 2, top: int = 10) 
         "bwd time",
     ):
         table.add_column(column, justify="left" if column in ("module", "class") else "right")
-    for row in module_rows(profile, depth):
+    rows = module_rows(profile, depth)
+    like = max((row["saved_bytes"] for row in rows), default=0)
+    for row in rows:
         table.add_row(
             row["module"],
             row["class"],
             f"{row['parameters']:,}",
-            format_bytes(row["saved_bytes"]),
+            format_bytes(row["saved_bytes"], like),
             _flops(row["flops_fwd"]),
             _flops(row["flops_bwd"]),
             _seconds(row["time_fwd_s"]),
@@ -256,6 +297,7 @@ def show_profile(profile: Any, console: Console, depth: int = 2, top: int = 10) 
     blocks = Table(title=f"the chain: {len(profile.blocks)} blocks")
     for column in ("block", "saved", "input kept", "fwd peak", "bwd peak", "joins", "flags"):
         blocks.add_column(column, justify="left" if column in ("block", "flags") else "right")
+    like = max((max(b.fwd_peak, b.bwd_peak) for b in profile.blocks), default=0)
     for b in profile.blocks:
         flags = ", ".join(
             name
@@ -268,10 +310,10 @@ def show_profile(profile: Any, console: Console, depth: int = 2, top: int = 10) 
         )
         blocks.add_row(
             b.path,
-            format_bytes(b.saved_bytes),
+            format_bytes(b.saved_bytes, like),
             "yes" if b.input_kept else "no",
-            format_bytes(b.fwd_peak),
-            format_bytes(b.bwd_peak),
+            format_bytes(b.fwd_peak, like),
+            format_bytes(b.bwd_peak, like),
             "yes" if b.joins_previous else "no",
             flags,
         )
@@ -288,9 +330,10 @@ def show_profile(profile: Any, console: Console, depth: int = 2, top: int = 10) 
     table = Table(title=f"largest tensors saved for backward (top {top})")
     for column in ("op", "module", "saved", "flags"):
         table.add_column(column, justify="right" if column == "saved" else "left")
+    like = holders[0].saved_bytes if holders else 0
     for op in holders[:top]:
         flags = ", ".join(n for n, on in (("random", op.random), ("in-place", op.inplace)) if on)
-        table.add_row(op.op, op.module or "(model)", format_bytes(op.saved_bytes), flags)
+        table.add_row(op.op, op.module or "(model)", format_bytes(op.saved_bytes, like), flags)
     console.print(table)
 
 
@@ -301,29 +344,42 @@ def profile_json(profile: Any, depth: int) -> dict[str, Any]:
     return data
 
 
-def show_sweep(points: Any, console: Console) -> None:
-    table = Table(title="every strategy: peak against recompute overhead")
-    for column in (
-        "strategy",
-        "regions",
-        "predicted peak",
-        "predicted overhead",
-        "measured peak",
-        "measured overhead",
-        "grad diff",
-    ):
+def show_sweep(result: Any, console: Console, budget: int | None = None) -> None:
+    """Every point, predicted beside measured, in one unit; with a budget, which fit it."""
+    table = Table(title=f"{result.model}, every strategy: peak against recompute overhead")
+    columns = ["strategy", "regions", "predicted peak", "predicted overhead"]
+    if result.measured:
+        columns += ["measured peak", "measured overhead", "grad diff"]
+    if budget is not None:
+        columns.append(f"fits {format_bytes(budget)}")
+    for column in columns:
         table.add_column(column, justify="left" if column == "strategy" else "right")
-    for p in points:
-        table.add_row(
-            p.strategy,
-            str(p.regions),
-            "" if p.predicted_peak_bytes is None else format_bytes(p.predicted_peak_bytes),
-            "" if p.predicted_overhead is None else f"{100 * p.predicted_overhead:.1f}%",
-            "" if p.measured_peak_bytes is None else format_bytes(p.measured_peak_bytes),
-            "" if p.measured_overhead is None else f"{100 * p.measured_overhead:.1f}%",
-            "" if p.max_grad_abs_diff is None else f"{p.max_grad_abs_diff:.0e}",
-        )
+    peaks = [
+        b
+        for p in result.points
+        for b in (p.predicted_peak_bytes, p.measured_peak_bytes, budget)
+        if b is not None
+    ]
+    like = max(peaks, default=0)
+
+    def size(n: int | None) -> str:
+        return "" if n is None else format_bytes(n, like)
+
+    def percent(x: float | None) -> str:
+        return "" if x is None else f"{100 * x:.1f}%"
+
+    for p in result.points:
+        row = [p.strategy, str(p.regions), size(p.predicted_peak_bytes)]
+        row.append(percent(p.predicted_overhead))
+        if result.measured:
+            diff = "" if p.max_grad_abs_diff is None else f"{p.max_grad_abs_diff:.0e}"
+            row += [size(p.measured_peak_bytes), percent(p.measured_overhead), diff]
+        if budget is not None:
+            judged = p.measured_peak_bytes if result.measured else p.predicted_peak_bytes
+            row.append("" if judged is None else "✓" if judged <= budget else "✗")
+        table.add_row(*row)
     console.print(table)
+    console.print(f"[dim]{result.caption()}[/]")
 
 
 def show_gap(report: Any, console: Console) -> None:

@@ -250,7 +250,7 @@ class _RegionRun:
         if self.gpu_only and x is not None and not runs_gpu_kernels(x):
             raise CkptplanError(
                 f"the plan was made for a GPU: region {self.name} keeps {self.gpu_only[0]}, "
-                f"which {x.device.type} never runs; solve again with --device {x.device.type}"
+                f"which {x.device.type} never runs; solve again with --target {x.device.type}"
             )
 
     def _checkpoint(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:

@@ -8,7 +8,7 @@ forward takes token ids and targets and returns the next-token cross-entropy los
 Why it is in the suite: it shows that ckptplan plans a model far larger than the machine it
 runs on. Built for real it holds 27 GB of fp32 weights, so build it only under
 ``FakeTensorMode`` (as ``ckptplan solve`` does), e.g.
-``ckptplan solve sample_models/llama7b.py --budget 80GB --device h100 --dtype bf16``.
+``ckptplan solve sample_models/llama7b.py --budget 80GB --target h100 --dtype bf16``.
 The rotary cos/sin tables are computed once per forward, on the device of the input, and
 passed to every layer as extra arguments, so consecutive layers may share a checkpoint.
 """

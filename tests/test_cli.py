@@ -1,6 +1,7 @@
 """The command line: reports, JSON, and one-line errors with exit status 2."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -35,7 +36,7 @@ def test_solve_show_verify(run, tiny_gpt, tmp_path) -> None:
     assert "auto (this plan)" in solved.output
     budget_line = next(line for line in solved.output.splitlines() if line.startswith("budget"))
     assert budget_line.count("MiB") == 2 and "GiB" not in budget_line, "one unit per line"
-    assert "made for: cpu · fp32 · batch 2 · optimizer adamw" in solved.output
+    assert "made for: target cpu · fp32 · batch 2 · optimizer adamw · one device" in solved.output
     plan = json.loads(plan_path.read_text())
     assert plan["schema"] == "ckptplan.plan/1" and plan["regions"]
 
@@ -197,3 +198,185 @@ def test_gap_command_puts_auto_beside_the_exact_optimum(run) -> None:
     assert report["ilp_peak"] <= report["budget"] == report["auto_peak"]
     bad = run("gap", ROOT / "sample_models" / "mlp.py", "--budget", "1KiB")
     assert bad.exit_code == 2 and "least feasible" in bad.output
+
+
+UNITS = re.compile(r"\d (GiB|MiB|KiB|B)\b")
+
+
+def assert_one_unit_per_line(output: str) -> None:
+    for line in output.splitlines():
+        assert len(set(UNITS.findall(line))) <= 1, f"two units in one line: {line}"
+
+
+def test_a_factory_through_every_command(run, tmp_path) -> None:
+    spec = "tests.factories:build_mlp"
+    plan_path = tmp_path / "plan.json"
+    solved = run("solve", spec, "--budget", "80%", "-o", plan_path, "--json")
+    assert solved.exit_code == 0, solved.output
+    assert json.loads(solved.output)["plan"]["model"] == spec
+    profiled = run("profile", spec, "--json")
+    assert profiled.exit_code == 0 and len(json.loads(profiled.output)["blocks"]) == 8
+    verified = run("verify", spec, plan_path, "--repeats", "1", "--on", "cpu", "--json")
+    assert verified.exit_code == 0, verified.output
+    assert json.loads(verified.output)["max_grad_abs_diff"] <= 1e-6
+    swept = run("sweep", spec, "--points", "2", "--json")
+    assert swept.exit_code == 0 and json.loads(swept.output)["points"]
+    rewritten = run("rewrite", spec, plan_path, "-o", tmp_path / "planned.py")
+    assert rewritten.exit_code == 0, rewritten.output
+    assert (tmp_path / "planned.py").is_file()
+
+
+def test_target_is_the_plans_device_and_device_its_old_spelling(run, tiny_gpt) -> None:
+    new = run("profile", tiny_gpt, "--batch-size", "2", "--target", "h100", "--json")
+    assert new.exit_code == 0, new.output
+    assert json.loads(new.output)["settings"]["device"] == "h100"
+    old = run("profile", tiny_gpt, "--batch-size", "2", "--device", "h100", "--json")
+    assert old.exit_code == 0, old.output
+    assert json.loads(old.stdout) == json.loads(new.output)
+    assert "--device is now --target" in old.stderr
+    for command in ("solve", "profile", "sweep", "gap"):
+        shown = run(command, "-h").output
+        assert "--target" in shown and "--device" not in shown
+    assert "--on" in run("verify", "-h").output and "--on" in run("sweep", "-h").output
+
+
+def test_the_python_api_takes_the_same_words(tiny_gpt) -> None:
+    import ckptplan
+
+    plan = ckptplan.solve(tiny_gpt, budget="100%", solver="none", batch_size=2, target="cpu")
+    assert plan.settings["device"] == "cpu"
+    with pytest.warns(DeprecationWarning, match="is now target="):
+        old = ckptplan.profile(tiny_gpt, batch_size=2, device="h100")
+    assert old.settings.device == "h100"
+    result = ckptplan.verify(tiny_gpt, plan, run_on="cpu", repeats=1)
+    assert result.device == "cpu"
+
+
+def test_mixed_precision_keeps_fp32_state_and_bf16_activations(run, tiny_gpt) -> None:
+    def predicted(*flags: str) -> dict:
+        args = ["--budget", "100%", "--solver", "none", "--batch-size", "4", "--json", *flags]
+        result = run("solve", tiny_gpt, *args)
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)["plan"]
+
+    fp32, mixed, bf16 = (
+        predicted(),
+        predicted("--dtype", "bf16-mixed"),
+        predicted("--dtype", "bf16"),
+    )
+    assert (mixed["settings"]["dtype"], mixed["settings"]["autocast"]) == ("fp32", "bf16")
+    assert mixed["predicted"] == predicted("--autocast", "bf16")["predicted"]
+    for held in ("parameters", "optimizer"):  # fp32 master weights and optimizer state
+        assert mixed["predicted"][held] == fp32["predicted"][held] > bf16["predicted"][held]
+    # Autocast runs matmuls in bf16 and keeps norms and softmax in fp32: between the two.
+    activations = [p["predicted"]["activations"] for p in (bf16, mixed, fp32)]
+    assert activations == sorted(activations) and len(set(activations)) == 3
+
+
+def test_progress_names_each_phase_and_stays_off_pipes(tiny_gpt, monkeypatch) -> None:
+    import ckptplan
+    from ckptplan.cli_options import Spinner, progress_display
+    from ckptplan.progress import QUIET
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.phases: list[str] = []
+
+        def phase(self, what: str) -> None:
+            self.phases.append(what)
+
+    recorder = Recorder()
+    ckptplan.solve(tiny_gpt, budget="70%", batch_size=2, progress=recorder)
+    assert recorder.phases[:3] == [
+        "profiling one training step on fake tensors",
+        "solving (auto)",
+        "confirming the plan's peak on fake tensors",
+    ]
+    with progress_display(as_json=False) as shown:  # pytest's streams are no terminals
+        assert shown is QUIET
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    assert isinstance(progress_display(as_json=False), Spinner)
+    with progress_display(as_json=True) as shown:
+        assert shown is QUIET
+
+
+def test_regions_are_listed_compactly() -> None:
+    from ckptplan.plan import Region
+    from ckptplan.units import describe_regions
+
+    keeps = {"save": ["addmm#0", "addmm#1", "mm#0", "bmm#0"]}
+    regions = [
+        Region(("blocks.0", "blocks.1", "blocks.2")),
+        *(Region((f"blocks.{i}",), policy=keeps) for i in range(3, 11)),
+        *(Region((f"head.{i}", f"head.{i + 1}")) for i in (0, 2)),
+        Region(("stage",), children=(Region(("stage.0",)), Region(("stage.1",)))),
+    ]
+    assert describe_regions(regions) == (
+        "blocks.0-2 as one, blocks.3-10 x8 (selective: keeps addmm#0, addmm#1, mm#0, ...), "
+        "head.0-3 x2 of 2, stage whole, stage.0-1 x2 inside it"
+    )
+
+
+def test_one_unit_per_report_line(run, tiny_gpt, tmp_path) -> None:
+    plan_path = tmp_path / "plan.json"
+    solved = run("solve", tiny_gpt, "--budget", "70%", "--batch-size", "2", "-o", plan_path)
+    assert solved.exit_code == 0, solved.output
+    outputs = [
+        solved.output,
+        run("show", plan_path).output,
+        run("profile", tiny_gpt, "--batch-size", "2").output,
+        run("verify", tiny_gpt, plan_path, "--repeats", "1").output,
+        run("sweep", tiny_gpt, "--batch-size", "2", "--points", "2", "--budget", "80%").output,
+    ]
+    for output in outputs:
+        assert_one_unit_per_line(output)
+    assert "checkpointed regions (4): layers.0-3 x4" in solved.output
+
+
+def test_show_prints_the_settings_a_plan_assumed(run, tiny_gpt, tmp_path) -> None:
+    plan_path = tmp_path / "plan.json"
+    args = ["--budget", "100%", "--solver", "none", "--world-size", "4", "--fsdp"]
+    solved = run(
+        "solve", tiny_gpt, *args, "--dtype", "bf16-mixed", "--target", "h100", "-o", plan_path
+    )
+    assert solved.exit_code == 0, solved.output
+    line = next(x for x in run("show", plan_path).output.splitlines() if x.startswith("made for"))
+    assert line == (
+        "made for: target h100 · fp32 weights, forward under autocast bf16 · batch 8 (the "
+        "model's) · optimizer adamw · fsdp over 4 ranks (figures per rank) · scope step · op "
+        "times from the h100 roofline"
+    )
+
+
+def test_sweep_figures_say_what_they_show_and_every_point_is_a_plan(run, tiny_gpt, tmp_path):
+    from ckptplan.plan import Plan
+
+    svg, plans = tmp_path / "frontier.svg", tmp_path / "plans"
+    args = ["--batch-size", "2", "--points", "3", "--budget", "80%"]
+    result = run("sweep", tiny_gpt, *args, "--plot", svg, "--save-plans", plans, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    written = sorted(plans.iterdir())
+    assert len(written) == len(data["points"]) == len(data["plans"])
+    assert {p.name.split("-")[0] for p in written} >= {
+        "none",
+        "full",
+        "sqrt",
+        "every",
+        "dp",
+        "auto",
+    }
+    for path in written:
+        plan = Plan.load(path)
+        assert plan.budget["bytes"] == plan.predicted["peak_bytes"]
+    text = svg.read_text()
+    budget = data["budget_bytes"] / 2**20
+    for words in (
+        "overhead against peak memory, predicted",
+        "auto, predicted",
+        "budget",
+        f"{budget:.2f} MiB",
+        "plans for cpu · fp32 · batch 2 · optimizer adamw",
+    ):
+        assert words in text

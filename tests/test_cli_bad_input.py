@@ -98,3 +98,45 @@ def test_help_exits_zero(run, args: list[str]) -> None:
     result = run(*args)
     assert result.exit_code == 0, result.output
     assert "Usage:" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--dtype", "bf16-mixed", "--autocast", "fp16"], "bf16-mixed"),
+        (["--device", "cpu", "--target", "h100"], "--target alone"),
+        (["--target", "tpu9"], "--target"),
+    ],
+)
+def test_a_bad_step_flag(run, tiny_gpt, args: list[str], fragment: str) -> None:
+    assert_one_line_error(run("profile", tiny_gpt, *args), fragment)
+
+
+@pytest.mark.parametrize("command", ["solve", "profile", "sweep", "verify", "rewrite"])
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ("tests.no_such_module:build", "no module named tests.no_such_module"),
+        ("tests.factories:build_nothing", "defines no build_nothing"),
+    ],
+)
+def test_a_factory_that_is_not_there(run, plan_file, tmp_path, command, spec, fragment) -> None:
+    args = {
+        "solve": ["--budget", "1GB"],
+        "profile": [],
+        "sweep": [],
+        "verify": [plan_file],
+        "rewrite": [plan_file, "-o", tmp_path / "out.py"],
+    }[command]
+    assert_one_line_error(run(command, spec, *args), fragment)
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--budget", "twelve"], "twelve"),
+        (["--plot", "/no/such/folder/f.png"], "--plot"),
+    ],
+)
+def test_a_bad_sweep_flag(run, tiny_gpt, args: list[str], fragment: str) -> None:
+    assert_one_line_error(run("sweep", tiny_gpt, *args), fragment)

@@ -41,7 +41,7 @@ def _flash_saved_bytes(batch: int, heads: int, tokens: int, head: int) -> int:
 
 def test_a_gpu_plan_profiles_flash_attention_and_saves_what_it_saves() -> None:
     cpu = ckptplan.profile(GPT, dtype="bf16")
-    gpu = ckptplan.profile(GPT, dtype="bf16", device="h100")
+    gpu = ckptplan.profile(GPT, dtype="bf16", target="h100")
     assert {o.op for o in _attention_ops(cpu)} != {str(FLASH)}
     flash = _attention_ops(gpu)
     assert {o.op for o in flash} == {str(FLASH)}
@@ -56,14 +56,14 @@ def test_a_gpu_plan_profiles_flash_attention_and_saves_what_it_saves() -> None:
 
 
 def test_a_plan_that_keeps_a_gpu_kernel_is_refused_where_it_never_runs() -> None:
-    plan = ckptplan.solve(GPT, budget="100%", solver="none", device="h100", dtype="bf16")
+    plan = ckptplan.solve(GPT, budget="100%", solver="none", target="h100", dtype="bf16")
     keeps_flash = {"save": [str(FLASH)]}
     plan = Plan.from_json(
         {**plan.to_json(), "regions": [Region(("blocks.0",), policy=keeps_flash).to_json()]}
     )
     workload = load_model_file(GPT)
     model = ckptplan.apply(cast_model(workload.build(), torch.bfloat16), plan)
-    with pytest.raises(CkptplanError, match=r"made for a GPU.*solve again with --device cpu"):
+    with pytest.raises(CkptplanError, match=r"made for a GPU.*solve again with --target cpu"):
         workload.loss(model(*workload.inputs(2)))
 
 
@@ -71,7 +71,7 @@ def test_llama_7b_for_an_h100_keeps_attention_memory_linear_in_the_sequence() ->
     """4096 tokens, 32 heads: the CPU math path would keep 32 x 4096 x 4096 weights a layer
     (1 GiB in bf16); flash attention keeps its output and a logsumexp per row."""
     module = load_model_file(ROOT / "sample_models" / "llama7b.py").module
-    profile = ckptplan.profile(module.__file__, device="h100", dtype="bf16")
+    profile = ckptplan.profile(module.__file__, target="h100", dtype="bf16")
     tokens, width = module.SEQ_LEN, module.N_EMBD
     flash = _attention_ops(profile)
     assert flash and {o.op for o in flash} == {str(FLASH)}
@@ -84,12 +84,12 @@ def test_a_gpu_plan_recomputes_with_the_gpus_kernels_in_its_fake_run() -> None:
     """Recomputation runs inside backward, where torch-function modes are off: a region
     re-enters the GPU's kernels there, or the fake run recomputes CPU attention (another
     number of saved tensors, a CheckpointError)."""
-    plan = ckptplan.solve(GPT, budget="80%", solver="dp", device="h100", dtype="bf16")
+    plan = ckptplan.solve(GPT, budget="80%", solver="dp", target="h100", dtype="bf16")
     assert plan.regions
     assert plan.predicted["fake_run_peak_bytes"] == plan.predicted["peak_bytes"]
 
 
 def test_verify_refuses_to_judge_a_gpu_plan_on_the_cpu() -> None:
-    plan = ckptplan.solve(GPT, budget="100%", solver="none", device="h100", fake_run=False)
-    with pytest.raises(CkptplanError, match=r"made for h100.*--device cuda.*--force"):
-        ckptplan.verify(GPT, plan, device="cpu", repeats=1)
+    plan = ckptplan.solve(GPT, budget="100%", solver="none", target="h100", fake_run=False)
+    with pytest.raises(CkptplanError, match=r"made for h100.*--on cuda.*--force"):
+        ckptplan.verify(GPT, plan, run_on="cpu", repeats=1)

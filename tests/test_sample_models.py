@@ -180,7 +180,7 @@ def test_block_chain_and_module_use(name):
 def test_llama7b_profiles_on_fake_tensors_without_allocating():
     """Llama-2-7B in bf16 for an H100: its 32 layers chain, and nothing is allocated."""
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    profile = ckptplan.profile(MODEL_DIR / "llama7b.py", batch_size=1, dtype="bf16", device="h100")
+    profile = ckptplan.profile(MODEL_DIR / "llama7b.py", batch_size=1, dtype="bf16", target="h100")
     grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     assert [b.path for b in profile.blocks] == [f"layers.{i}" for i in range(32)]
     # The rotary tables go to every layer unchanged, so consecutive layers may share a region.
