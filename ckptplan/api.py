@@ -22,7 +22,7 @@ from ckptplan.distributed import per_rank
 from ckptplan.errors import BelowLeastPeak, CkptplanError
 from ckptplan.hub import HubModel, is_hub_name
 from ckptplan.loading import Inputs, LiveModel, Workload, load_model_file
-from ckptplan.measure import Verification, fake_run_peak, verify_plan
+from ckptplan.measure import Verification, compiled_fake_run, fake_run_peak, verify_plan
 from ckptplan.opgraph import GapReport, optimality_gap
 from ckptplan.options import precision, renamed_keywords
 from ckptplan.plan import Plan, Region, as_plan
@@ -78,6 +78,7 @@ def _settings(
     blocks: str | None,
     autocast: DtypeArg | None,
     measure: bool,
+    compiled: bool = False,
 ) -> Settings:
     """The settings a plan records, torch's own types written as their names, and mixed
     precision (``bf16-mixed``) as the fp32 weights and the autocast dtype it stands for."""
@@ -95,6 +96,7 @@ def _settings(
         blocks=blocks,
         autocast=half,
         measure=measure,
+        compiled=compiled,
     )
 
 
@@ -156,6 +158,7 @@ def solve(
     world_size: int = 1,
     parallel: str | None = None,
     margin: float | None = None,
+    compiled: bool = False,
     progress: Progress = QUIET,
 ) -> Plan:
     """Profile the model and return the plan of least recompute time that fits ``budget`` on
@@ -169,12 +172,16 @@ def solve(
     With ``parallel`` ("fsdp" or "ddp") and ``world_size`` the budget, the profile and the plan
     are one rank's (``batch_size`` is the per-rank batch); the fake run, which executes one
     unsharded device, is skipped.
+
+    With ``compiled``, the plan is for ``apply`` then ``torch.compile``: the step is priced
+    fused, and the fake run compiles it, so the budget holds the partition AOTAutograd makes
+    (a percentage is of the compiled unchecked step's peak); the plan records that partition.
     """
     if solver not in SOLVERS:
         raise CkptplanError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
     parsed = parse_budget(str(budget))
     workload = _workload(model, example_inputs, loss_fn)
-    settings = _settings(batch_size, optimizer, dtype, target, blocks, autocast, measure)
+    settings = _settings(batch_size, optimizer, dtype, target, blocks, autocast, measure, compiled)
     progress.phase(_profiling(settings))
     prof = _per_rank(profile_model(workload, settings), world_size, parallel)
     progress.phase(f"solving ({solver})")
@@ -182,9 +189,16 @@ def solve(
     chain = to_chain(prof, scope, menus)
     options = {"every": every, "max_segment": max_segment}
     unchecked = run_solver("none", chain, None, **options)
-    budget_bytes = parsed.resolve(unchecked.peak)
+    checked = fake_run and parallel is None
+    reference_peak = unchecked.peak
+    if compiled and checked:
+        progress.phase("compiling the unchecked step on fake tensors")
+        reference_peak = fake_run_peak(
+            workload, plan_from_schedule(prof, chain, unchecked, parsed.text, 0, scope)
+        )
+    budget_bytes = parsed.resolve(reference_peak)
     # A fixed policy is the plan the user named: only the searching solvers hold a margin back.
-    held_back = _margin(margin, target) if solver in ("dp", "auto") else 0.0
+    held_back = _margin(margin, target, compiled) if solver in ("dp", "auto") else 0.0
     aim = budget_bytes - round(budget_bytes * held_back / 100)
     baselines = {}
     for name in BASELINES:
@@ -203,7 +217,7 @@ def solve(
         margin=held_back,
         settings={"world_size": world_size, "parallel": parallel},
         baselines=baselines,
-        checked=fake_run and parallel is None,
+        checked=checked,
         progress=progress,
     )
     plan, confirmed = search.run(solver)
@@ -217,7 +231,7 @@ def solve(
                 plan.predicted["recompute_time_s"],
                 segments.predicted["recompute_time_s"],
                 plan.predicted["step_time_s"],
-                get_device(target).selective_margin if _policied(plan) else 0.0,
+                get_device(target, compiled).selective_margin if _policied(plan) else 0.0,
             )
         ):
             plan, confirmed = replace(segments, solver="auto"), segments_peak
@@ -251,6 +265,8 @@ class _Search:
     progress: Progress = QUIET
     confirmed: dict[str, int] = field(default_factory=dict)
     """Fake-run peaks by the plan's regions: auto and dp often reach the same plan."""
+    partitions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """For a compiled step, the partition each fake run made, by the plan's regions."""
 
     def run(self, solver: str) -> tuple[Plan | None, int]:
         """The plan of ``solver`` whose fake run fits the aim, or None with the last fake-run
@@ -258,31 +274,57 @@ class _Search:
         target = self.aim
         confirmed = 0
         for attempt in range(FAKE_RUN_TRIES):
-            schedule, known = self._schedule(solver, target)
+            schedule = self._schedule(solver, target)
             plan = self._plan(schedule)
             if not self.checked:
                 return plan, 0
-            confirmed = known if known is not None else self._fake_run(plan)
+            confirmed = self._fake_run(plan)
             plan.predicted["fake_run_peak_bytes"] = confirmed
             if confirmed <= self.aim:
+                if solver in ("dp", "auto") and self.prof.settings.compiled:
+                    return self._relaxed(solver, target, plan, confirmed)
                 return plan, confirmed
             if solver not in ("dp", "auto"):
                 break
             target -= (confirmed - self.aim) * 2**attempt
         return None, confirmed
 
+    def _relaxed(self, solver: str, target: int, plan: Plan, confirmed: int) -> tuple[Plan, int]:
+        """A compiled step often keeps less than the chain model of the eager step says (the
+        partitioner recomputes cheap ops outside regions too): while the fake run leaves room
+        under the aim, the solver's target rises by that room, for plans that recompute less."""
+        for _ in range(FAKE_RUN_TRIES):
+            target += self.aim - confirmed
+            looser = self._plan(self._schedule(solver, target))
+            if looser.regions == plan.regions:
+                break
+            peak = self._fake_run(looser)
+            looser.predicted["fake_run_peak_bytes"] = peak
+            if peak > self.aim:
+                break
+            if looser.predicted["recompute_time_s"] <= plan.predicted["recompute_time_s"]:
+                plan, confirmed = looser, peak
+        return plan, confirmed
+
     def _fake_run(self, plan: Plan) -> int:
         key = json.dumps([region.to_json() for region in plan.regions])
         if key not in self.confirmed:
             self.progress.phase("confirming the plan's peak on fake tensors")
-            self.confirmed[key] = fake_run_peak(self.workload, plan)
+            if self.prof.settings.compiled:
+                peak, partition = compiled_fake_run(self.workload, plan)
+                self.partitions[key] = partition.to_json()
+            else:
+                peak = fake_run_peak(self.workload, plan)
+            self.confirmed[key] = peak
+        if key in self.partitions:
+            plan.predicted["compiled_partition"] = self.partitions[key]
         return self.confirmed[key]
 
-    def _schedule(self, solver: str, target: int) -> tuple[Schedule, int | None]:
+    def _schedule(self, solver: str, target: int) -> Schedule:
         """The solver's schedule for ``target``, or below its least peak the schedule of least
-        peak with its fake-run peak, when that fits the aim."""
+        peak, when its fake run (kept in ``confirmed``) fits the aim."""
         try:
-            return run_solver(solver, self.chain, target, **self.options), None
+            return run_solver(solver, self.chain, target, **self.options)
         except InfeasibleBudget as exc:
             refusal = (self.budget_bytes, self.prof, solver, self.scope, self.margin)
             if not self.checked:
@@ -294,7 +336,7 @@ class _Search:
             confirmed = self._fake_run(self._plan(schedule))
             if confirmed > self.aim:
                 raise _below_least_peak(confirmed, *refusal) from None
-            return schedule, confirmed
+            return schedule
 
     def _plan(self, schedule: Schedule) -> Plan:
         plan = plan_from_schedule(
@@ -336,10 +378,10 @@ def _policied(plan: Plan) -> bool:
     return any(r.policy or any(c.policy for c in r.children) for r in plan.regions)
 
 
-def _margin(percent: float | None, target: str) -> float:
+def _margin(percent: float | None, target: str, compiled: bool = False) -> float:
     """The share of the budget held back, in percent (the target's default when None)."""
     if percent is None:
-        return get_device(target).margin_percent
+        return get_device(target, compiled).margin_percent
     if not 0 <= percent < 50:
         raise CkptplanError(f"--margin {percent:g} is not a percentage in [0, 50); e.g. --margin 2")
     return percent

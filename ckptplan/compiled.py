@@ -80,16 +80,15 @@ def partitioning_backend(log: Partition) -> Callable[..., Any]:
     """A ``torch.compile`` backend that partitions as inductor does and runs eager kernels."""
     from functorch.compile import min_cut_rematerialization_partition
     from torch._dynamo.backends.common import aot_autograd
-    from torch._functorch.aot_autograd import make_boxed_func
     from torch._inductor.compile_fx import select_decomp_table
 
     def forward(graph: torch.fx.GraphModule, _: Any) -> Any:
         log.compiled_graphs += 1
-        return make_boxed_func(graph.forward)
+        return _freeing(graph)
 
     def backward(graph: torch.fx.GraphModule, _: Any) -> Any:
         log.note_backward(graph)
-        return make_boxed_func(graph.forward)
+        return _freeing(graph)
 
     return aot_autograd(
         fw_compiler=forward,
@@ -97,6 +96,20 @@ def partitioning_backend(log: Partition) -> Callable[..., Any]:
         decompositions=select_decomp_table(),
         partition_fn=functools.partial(min_cut_rematerialization_partition, compiler="inductor"),
     )
+
+
+def _freeing(graph: torch.fx.GraphModule) -> Callable[[list[Any]], Any]:
+    """``graph`` run op by op, each value (the saved tensors among them) dropped after its last
+    use, as inductor's code does: the boxed calling convention hands over the argument list,
+    which the interpreter clears. A plain ``graph.forward`` would hold every saved tensor until
+    the backward graph ends."""
+    interpreter = torch.fx.Interpreter(graph)
+
+    def run(args: list[Any]) -> Any:
+        return interpreter.boxed_run(args)
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
 
 
 def inductor_backend(log: Partition) -> Callable[..., Any]:

@@ -24,12 +24,14 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ckptplan.allocmeter import allocator_peak
+from ckptplan.compiled import CompiledModel, Partition, partitioning_backend
 from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError, raised_by_ckptplan
 from ckptplan.fakepaths import real_step_paths
 from ckptplan.gpukernels import GpuAttention
 from ckptplan.loading import Workload, build_fake, call_model
 from ckptplan.memtrack import (
+    CompiledStepTracker,
     LiveStorageTracker,
     gradients_counted,
     keep_freed_host_memory,
@@ -154,7 +156,12 @@ def _measured_peak(
 
 
 def _tracked_peak(
-    model_file: Workload, run: _Run, scope: str = "step", host_memory: bool = True, block: int = 1
+    model_file: Workload,
+    run: _Run,
+    scope: str = "step",
+    host_memory: bool = True,
+    block: int = 1,
+    tracker_type: type[LiveStorageTracker] = LiveStorageTracker,
 ) -> int:
     """The same peak counted by the live-storage tracker the profiler uses (which also runs
     on fake tensors), plus, where the device memory is host memory, the CPU RNG states that
@@ -162,7 +169,7 @@ def _tracked_peak(
     _step(model_file, run, seed=1)
     persistent = persistent_tensors(run.model, run.optimizer, run.inputs)
     workspaces = Workspaces() if host_memory else None
-    tracker = LiveStorageTracker(persistent, block, workspaces)
+    tracker = tracker_type(persistent, block, workspaces)
     states = rng_states_counted(tracker) if host_memory else nullcontext()
     with tracker, gradients_counted(run.model, tracker), states:
         _step(model_file, run, seed=2)
@@ -445,8 +452,11 @@ def fake_run_peak(model_file: Workload, plan: Plan) -> int:
     """The plan's steady-state step peak, executed under ``FakeTensorMode``: nothing allocated.
 
     This runs the real checkpointed code (``apply``, ``torch.utils.checkpoint``) and counts
-    live storages, so it confirms the chain model's prediction without a device.
+    live storages, so it confirms the chain model's prediction without a device. A plan made
+    for ``torch.compile`` runs compiled (``compiled_fake_run``).
     """
+    if plan.settings.get("compiled"):
+        return compiled_fake_run(model_file, plan)[0]
     try:
         return _checkpointed_step_peak(model_file, plan, real=False)
     except CkptplanError:
@@ -459,28 +469,55 @@ def fake_run_peak(model_file: Workload, plan: Plan) -> int:
         return _checkpointed_step_peak(model_file, plan, real=True)
 
 
-def _checkpointed_step_peak(model_file: Workload, plan: Plan, real: bool) -> int:
+def compiled_fake_run(model_file: Workload, plan: Plan | None) -> tuple[int, Partition]:
+    """The step peak of ``torch.compile`` after ``apply(model, plan)`` (no plan: the unchecked
+    model), and the partition it made, on fake tensors: inductor's decompositions and
+    partitioner with eager kernels (``ckptplan.compiled``).
+
+    Dynamo's caches are reset before and after: each fake model is a new module to guard on,
+    and past the recompile limit dynamo would quietly run a model eagerly.
+    """
+    log = Partition()
+    torch._dynamo.reset()
+    try:
+        peak = _checkpointed_step_peak(model_file, plan, real=False, compiled=log)
+    finally:
+        torch._dynamo.reset()
+    return peak, log
+
+
+def _checkpointed_step_peak(
+    model_file: Workload,
+    plan: Plan | None,
+    real: bool,
+    compiled: Partition | None = None,
+) -> int:
     """The plan's step peak on fake tensors, or for a step fake tensors cannot run (token
-    routing) a real one on this machine's CPU, as the profile then took."""
-    settings = plan.settings
+    routing) a real one on this machine's CPU, as the profile then took. With ``compiled``,
+    the step runs ``torch.compile``d, its partition written there."""
+    settings = plan.settings if plan is not None else {}
     dtype = parse_dtype(settings.get("dtype", "fp32"))
     with nullcontext() if real else FakeTensorMode(allow_non_fake_inputs=True):
         torch.manual_seed(0)
         model = model_file.build() if real else build_fake(model_file)
         inputs, _ = training_conventions(model, model_file.inputs(settings.get("batch_size")))
         model = cast_model(model, dtype).train()
-        apply(model, plan, force=True)
+        if plan is not None and plan.regions:
+            apply(model, plan, force=True)
         inputs = cast_floating(inputs, dtype)
         optimizer = make_optimizer(settings.get("optimizer", "adamw"), model)
+        if compiled is not None:
+            model = CompiledModel(model, partitioning_backend(compiled))
         run = _Run(model, optimizer, inputs, settings.get("autocast"))
         target = get_device(settings.get("device", "cpu"))
         host = not target.host_bandwidth
         kernels = GpuAttention() if not host and not real else nullcontext()
-        with real_step_paths(inputs), kernels:
+        with real_step_paths(inputs, compiled is not None), kernels:
             scope = settings.get("scope", "step")
             if real:  # a real step here: the allocator's own figure, as verify takes it
                 return _measured_peak(model_file, run, torch.device("cpu"), scope)[0]
-            return _tracked_peak(model_file, run, scope, host, target.allocation_block)
+            tracker = LiveStorageTracker if compiled is None else CompiledStepTracker
+            return _tracked_peak(model_file, run, scope, host, target.allocation_block, tracker)
 
 
 def _to_device(tree: Any, device: torch.device) -> Any:

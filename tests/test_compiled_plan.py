@@ -1,0 +1,135 @@
+"""Plans for ``torch.compile``d training (``solve(..., compiled=True)``), held to inductor itself.
+
+The plan's fake run partitions the step as inductor does (``ckptplan.compiled``); here real
+inductor compiles the planned model, and its partition, its allocator-measured peak and its
+gradients (dropout on) are checked against the plan, the budget and eager training.
+``fallback_random`` makes inductor draw eager's random numbers, so gradients compare seed for
+seed with the eager step.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+
+import pytest
+import torch
+from torch import nn
+from torch._inductor import config as inductor_config
+
+import ckptplan
+from ckptplan.allocmeter import allocator_peak
+from ckptplan.compiled import CompiledModel, Partition, inductor_backend
+from ckptplan.memtrack import storage_bytes
+from ckptplan.plan import Plan
+from ckptplan.training import make_optimizer, persistent_tensors
+
+WIDTH = 64
+BATCH = 2048
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(WIDTH, 4 * WIDTH)
+        self.act = nn.GELU()
+        self.drop = nn.Dropout(0.1)
+        self.down = nn.Linear(4 * WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(self.drop(self.act(self.up(x))))
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(WIDTH, WIDTH)
+        self.blocks = nn.ModuleList(Block() for _ in range(4))
+        self.head = nn.Linear(WIDTH, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def loss_fn(out: torch.Tensor) -> torch.Tensor:
+    return out.pow(2).mean()
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    torch._dynamo.reset()
+    with inductor_config.patch(fallback_random=True):
+        yield
+    torch._dynamo.reset()
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model_and_batch() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return Net().train(), torch.randn(BATCH, WIDTH)
+
+
+def solve(model: nn.Module, batch: torch.Tensor, budget: str) -> Plan:
+    return ckptplan.solve(model, (batch,), loss_fn=loss_fn, budget=budget, compiled=True)
+
+
+def gradients(model: nn.Module, owner: nn.Module, batch: torch.Tensor) -> dict[str, torch.Tensor]:
+    torch.manual_seed(7)
+    loss_fn(model(batch)).backward()
+    grads = {n: p.grad.clone() for n, p in owner.named_parameters()}
+    owner.zero_grad(set_to_none=True)
+    return grads
+
+
+def test_inductor_makes_the_plans_partition_within_budget_with_eager_gradients(
+    model_and_batch: tuple[nn.Module, torch.Tensor],
+) -> None:
+    model, batch = model_and_batch
+    plan = solve(model, batch, "70%")
+    assert plan.regions, "70% of the compiled step's peak needs checkpointing"
+    expected = gradients(model, model, batch)
+    planned = ckptplan.apply(copy.deepcopy(model), plan)
+    log = Partition()
+    compiled = CompiledModel(planned, inductor_backend(log))
+    got = gradients(compiled, planned, batch)
+    assert log.to_json()["saved"] == plan.predicted["compiled_partition"]["saved"]
+    for name, grad in expected.items():
+        torch.testing.assert_close(got[name], grad, atol=1e-6, rtol=0, msg=name)
+    optimizer = make_optimizer("adamw", planned)
+
+    def step() -> None:
+        loss_fn(compiled(batch)).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()
+    persistent = storage_bytes(persistent_tensors(planned, optimizer, batch))
+    measured = persistent + allocator_peak(step, planned).step
+    assert measured <= plan.budget["bytes"]
+    assert log.compiled_graphs == 1, "the planned model compiles once"
+
+
+def test_a_tighter_budget_saves_less_in_the_compiled_partition(
+    model_and_batch: tuple[nn.Module, torch.Tensor],
+) -> None:
+    model, batch = model_and_batch
+    loose, tight = solve(model, batch, "90%"), solve(model, batch, "70%")
+    saved = [p.predicted["compiled_partition"]["saved_bytes"] for p in (loose, tight)]
+    assert saved[1] < saved[0]
+    assert tight.predicted["fake_run_peak_bytes"] <= tight.budget["bytes"]
+    assert tight.predicted["recompute_time_s"] > loose.predicted["recompute_time_s"]
+    assert tight.settings["compiled"] and loose.settings["compiled"]
+
+
+def test_an_unreachable_compiled_budget_names_the_least_that_fits(
+    model_and_batch: tuple[nn.Module, torch.Tensor],
+) -> None:
+    model, batch = model_and_batch
+    with pytest.raises(ckptplan.CkptplanError, match=r"use --budget \S+ or more"):
+        solve(model, batch, "5%")
