@@ -528,5 +528,5 @@ def verify(
         the_plan = Plan.from_json(
             {**the_plan.to_json(), "settings": {**the_plan.settings, "batch_size": None}}
         )
-    progress.phase(f"measuring {repeats} steps with and without the plan")
+    progress.phase(f"measuring the step with and without the plan (--repeats {repeats})")
     return verify_plan(workload, the_plan, device=run_on, repeats=repeats, force=force)

@@ -92,7 +92,7 @@ class Sweep:
             f"optimizer {s.optimizer} · predictions from {times}"
         )
         if self.measured_on:
-            line += f" · measured on {self.measured_on}, median of {self.repeats} steps"
+            line += f" · measured on {self.measured_on} (median of --repeats {self.repeats})"
         return line
 
 
