@@ -1,17 +1,24 @@
 """Rewrite a model as a checkpointed ``torch.fx.GraphModule``, and write it out as Python.
 
-``ckptplan.rewrite(model, plan)`` traces the model with ``torch.fx.symbolic_trace`` and moves
-the code of each planned region (every node run inside its modules, plus the glue between
-them) into a submodule named after it, ``ckpt_blocks_2_to_4``, which the traced forward calls
-through ``torch.utils.checkpoint.checkpoint`` (non-reentrant, RNG state preserved, the
-region's selective policy as ``context_fn``). Nested regions become submodules of their
-region. Parameters are shared with the model, not copied.
+``ckptplan.rewrite(model, plan)`` traces the model with torch.fx and moves the code of each
+planned region (every node run inside its modules, plus the glue between them) into a
+submodule named after it, ``ckpt_blocks_2_to_4``, which the traced forward calls through
+``torch.utils.checkpoint.checkpoint`` (non-reentrant, RNG state preserved, the region's
+selective policy as ``context_fn``). Nested regions become submodules of their region.
+
+What it keeps of the model:
+
+- State. The module's tree is the model's own (the same modules, shared, at the same paths),
+  so its ``state_dict`` has the model's keys in the model's order. A region holds no state:
+  the top-level modules it runs (``blocks``) are passed to it, so each path names one thing.
+- Behaviour in ``train()`` and ``eval()``. torch.nn modules (dropout, norms) stay modules the
+  code calls, reading their own flag, and code that reads ``self.training`` reads it when it
+  runs, not when it was traced (``ckptplan.rewrite_trace`` says how). A norm's running
+  statistics are updated once per step, not again when backward recomputes its region.
 
 ``save(module, "model_ckpt.py")`` writes that module as a standalone file that needs only
-torch: one class per region and one for the model, whose ``forward`` is the traced code, and a
-``build_model()`` that loads the weights written beside it. A reader sees exactly what is
-recomputed in backward. Models that do not trace (data-dependent Python, Hugging Face) get a
-one-line error pointing to ``ckptplan.apply``, which checkpoints in place.
+torch (``ckptplan.rewrite_source``). Models that do not trace (data-dependent Python, Hugging
+Face) get a one-line error pointing to ``ckptplan.apply``, which checkpoints in place.
 
 The module is callable: ``ckptplan.rewrite(model, plan)`` is ``ckptplan.rewrite.rewrite``.
 
@@ -22,9 +29,6 @@ Example:
 
 from __future__ import annotations
 
-import builtins
-import functools
-import math
 import operator
 import re
 import sys
@@ -35,7 +39,8 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch.fx.graph import _custom_builtins
+from torch.fx.node import Node, map_arg
+from torch.nn.modules.batchnorm import _NormBase
 from torch.utils.checkpoint import checkpoint
 
 from ckptplan.budget import format_bytes
@@ -43,9 +48,11 @@ from ckptplan.errors import CkptplanError
 from ckptplan.fingerprint import check_model_matches
 from ckptplan.loading import load_model_file
 from ckptplan.plan import Plan, Region, as_plan
-from ckptplan.wrapping import _policy_saves, _refuse_wrapped, _selective_contexts
+from ckptplan.rewrite_source import norm_once, selective, source
+from ckptplan.rewrite_trace import trace
+from ckptplan.wrapping import _policy_saves, _refuse_wrapped
 
-_MODULE_ATTRIBUTES = frozenset(torch.nn.Module().__dict__)
+__all__ = ["RegionInfo", "rewrite", "rewrite_file", "save", "selective", "source"]
 
 
 @dataclass(frozen=True)
@@ -74,52 +81,29 @@ def rewrite(
         )
     _refuse_wrapped(model)
     check_model_matches(model, plan, force)
-    try:
-        traced = torch.fx.symbolic_trace(model)
-    except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise CkptplanError(
-            f"{type(model).__name__} does not trace with torch.fx ({type(exc).__name__}: "
-            f"{first}); checkpoint it in place with ckptplan.apply(model, plan) instead"
-        ) from None
-    regions = tuple(_extract(traced, region) for region in plan.regions)
-    _prune(traced)
-    traced.ckptplan_regions = regions
-    traced.ckptplan_model = type(model).__name__
-    traced.ckptplan_plan = (
+    root = trace(model)
+    leaves = frozenset(str(n.target) for n in root.graph.nodes if n.op == "call_module")
+    regions = tuple(_extract(root, region) for region in plan.regions)
+    root.recompile()
+    root.ckptplan_regions = regions
+    root.ckptplan_leaves = leaves
+    root.ckptplan_model = type(model).__name__
+    root.ckptplan_plan = (
         f"Plan: solver {plan.solver}, budget {format_bytes(int(plan.budget['bytes']))}, predicted "
         f"peak {format_bytes(int(plan.predicted['peak_bytes']))}"
     )
-    return traced
+    return root
 
 
-def _prune(module: torch.fx.GraphModule) -> None:
-    """Drop the submodules the graph no longer uses (the regions' members moved into them).
-
-    ``delete_all_unused_submodules`` would also drop the insides of a region reached by
-    ``get_attr``, so this keeps everything under each referenced submodule, and it deletes
-    only from the containers fx made: the model's own modules (shared) are never changed.
-    """
-    used = {""}
-    for node in module.graph.nodes:
-        if node.op not in ("call_module", "get_attr"):
-            continue
-        parts = str(node.target).split(".")
-        used.update(".".join(parts[:k]) for k in range(1, len(parts) + 1))
-        value = _attribute(module, str(node.target))
-        if isinstance(value, torch.nn.Module):
-            used.update(f"{node.target}.{name}" for name, _ in value.named_modules() if name)
-    for name, _ in list(module.named_modules()):
-        if name not in used and name.rpartition(".")[0] in used:
-            module.delete_submodule(name)
-    module.recompile()
+def _identifier(path: str) -> str:
+    return re.sub(r"\W", "_", path)
 
 
 def _region_name(modules: tuple[str, ...]) -> str:
-    first = re.sub(r"\W", "_", modules[0])
+    first = _identifier(modules[0])
     if len(modules) == 1:
         return f"ckpt_{first}"
-    last = re.sub(r"\W", "_", modules[-1].rpartition(".")[2])
+    last = _identifier(modules[-1].rpartition(".")[2])
     return f"ckpt_{first}_to_{last}"
 
 
@@ -127,12 +111,12 @@ def _class_name(name: str) -> str:
     return "".join(part.capitalize() for part in name.split("_") if part)
 
 
-def _inside(node: torch.fx.Node, modules: tuple[str, ...]) -> bool:
+def _inside(node: Node, modules: tuple[str, ...]) -> bool:
     stack = node.meta.get("nn_module_stack") or {}
     return any(p == m or p.startswith(m + ".") for p in stack for m in modules)
 
 
-def _region_nodes(graph: torch.fx.Graph, modules: tuple[str, ...]) -> list[torch.fx.Node]:
+def _region_nodes(graph: torch.fx.Graph, modules: tuple[str, ...]) -> list[Node]:
     """The nodes run inside the region's modules, and the glue between them, in graph order."""
     order = list(graph.nodes)
     inside = {n for n in order if _inside(n, modules)}
@@ -155,15 +139,20 @@ def _region_nodes(graph: torch.fx.Graph, modules: tuple[str, ...]) -> list[torch
     return [n for n in order if n in chosen]
 
 
-def _extract(owner: torch.fx.GraphModule, region: Region) -> RegionInfo:
-    """Move ``region``'s code out of ``owner``'s graph into a checkpointed submodule."""
+def _extract(root: torch.fx.GraphModule, region: Region) -> RegionInfo:
+    """Move ``region``'s code out of the traced forward into a checkpointed submodule.
+
+    Nested regions go first, so that the region takes their checkpoint calls with the rest
+    of its code; every region is cut from the model's own graph.
+    """
+    nested = tuple(_extract(root, child) for child in region.children)
     name = _region_name(region.modules)
     label = "+".join(region.modules)
     saves = _policy_saves(region.policy, label)
-    graph = owner.graph
+    graph = root.graph
     nodes = _region_nodes(graph, region.modules)
     chosen = set(nodes)
-    inputs: list[torch.fx.Node] = []
+    inputs: list[Node] = []
     for node in nodes:
         for i in node.all_input_nodes:
             if i not in chosen and i not in inputs:
@@ -177,31 +166,32 @@ def _extract(owner: torch.fx.GraphModule, region: Region) -> RegionInfo:
             f"region {label} is interleaved with code outside it in the traced forward, so it "
             "cannot run as one checkpoint; re-solve with --max-segment 1"
         )
-    body = torch.fx.Graph()
-    env: dict[torch.fx.Node, torch.fx.Node] = {i: body.placeholder(i.name) for i in inputs}
-    for node in nodes:
-        env[node] = body.node_copy(node, lambda n: env[n])
-    body.output(env[outputs[0]] if len(outputs) == 1 else tuple(env[o] for o in outputs))
-    sub = torch.fx.GraphModule(owner, body, class_name=_class_name(name))
-    nested = tuple(_extract(sub, child) for child in region.children)
-    _prune(sub)
-    owner.add_submodule(name, sub)
-    insert = list(graph.nodes)[start]
-    with graph.inserting_before(insert):
+    body, bases = _body(root, nodes, inputs, outputs, {r.name for r in nested})
+    sub = torch.fx.GraphModule(
+        {r.name: root.get_submodule(r.name) for r in nested}, body, _class_name(name)
+    )
+    for r in nested:
+        delattr(root, r.name)
+    root.add_submodule(name, sub)
+    stack = next(n.meta["nn_module_stack"] for n in nodes if _inside(n, region.modules))
+    with graph.inserting_before(list(graph.nodes)[start]):
+        state = [graph.get_attr(base) for base in bases]
         target = graph.get_attr(name)
         kwargs: dict[str, Any] = {"use_reentrant": False, "preserve_rng_state": True}
         if saves is not None:
             kwargs["context_fn"] = graph.create_node(
                 "call_function", selective, (saves, label), name=f"{name}_policy"
             )
-        call = graph.create_node(
-            "call_function", checkpoint, (target, *inputs), kwargs, name=f"{name}_out"
-        )
+        arguments = (target, *state, *inputs)
+        call = graph.create_node("call_function", checkpoint, arguments, kwargs, name=f"{name}_out")
         results = (
             [call]
             if len(outputs) == 1
             else [graph.call_function(operator.getitem, (call, k)) for k in range(len(outputs))]
         )
+    for new in (*state, target, *kwargs.values(), call, *results):
+        if isinstance(new, Node):
+            new.meta["nn_module_stack"] = dict(stack)
     for old, new in zip(outputs, results, strict=True):
         old.replace_all_uses_with(new, delete_user_cb=lambda user: user not in chosen)
     for node in reversed(nodes):
@@ -211,55 +201,64 @@ def _extract(owner: torch.fx.GraphModule, region: Region) -> RegionInfo:
     return info
 
 
-def selective(saves: tuple[str, ...], region: str) -> functools.partial[tuple[Any, Any]]:
-    """The ``context_fn`` of a region that keeps the ops in ``saves`` (``op#k`` or ``op``)."""
-    return functools.partial(_selective_contexts, saves, region)
+def _body(
+    root: torch.nn.Module,
+    nodes: list[Node],
+    inputs: list[Node],
+    outputs: list[Node],
+    regions: set[str],
+) -> tuple[torch.fx.Graph, list[str]]:
+    """The region's code as a graph of its own, and the top-level attributes of the model it
+    takes before its inputs: a module path ``blocks.1.attn.c_attn`` is reached from the
+    ``blocks`` argument, so the region holds nothing but its nested ``regions``. Norms with
+    running statistics run through ``norm_once``: recomputing the region in backward would
+    update them a second time."""
+    state = [n for n in nodes if n.op in ("call_module", "get_attr") and n.target not in regions]
+    bases = list(dict.fromkeys(str(n.target).split(".")[0] for n in state))
+    body = torch.fx.Graph()
+    reached = {base: body.placeholder(_identifier(base)) for base in bases}
+    env = {i: body.placeholder(i.name) for i in inputs}
+    for node in nodes:
+        path = str(node.target)
+        if node not in state:
+            env[node] = body.node_copy(node, env.__getitem__)
+        elif node.op == "get_attr":
+            env[node] = _reach(body, reached, path)
+        else:
+            args = map_arg(node.args, env.__getitem__)
+            kwargs = map_arg(node.kwargs, env.__getitem__)
+            parent, _, method = path.rpartition(".")
+            owner = _reach(body, reached, parent) if parent else None
+            if isinstance(root.get_submodule(path), _NormBase):
+                norm = (
+                    reached[path]
+                    if owner is None
+                    else body.create_node(
+                        "call_function",
+                        getattr,
+                        (owner, method),
+                        name=f"{_identifier(path)}_module",
+                    )
+                )
+                op, target, args = "call_function", norm_once, (norm, *args)
+            elif owner is not None:
+                op, target, args = "call_method", method, (owner, *args)
+            else:
+                op, target, args = "call_method", "__call__", (reached[path], *args)
+            env[node] = body.create_node(op, target, args, kwargs, name=node.name)
+            env[node].meta = dict(node.meta)
+    body.output(env[outputs[0]] if len(outputs) == 1 else tuple(env[o] for o in outputs))
+    return body, bases
 
 
-def source(module: torch.fx.GraphModule, weights: str = "model_ckpt.pt") -> str:
-    """The standalone Python source of a rewritten module; ``weights`` is its default path,
-    relative to the file.
-    """
-    writer = _Writer()
-    regions: tuple[RegionInfo, ...] = module.ckptplan_regions
-    main = f"Checkpointed{module.ckptplan_model}"
-    writer.classes(module, main, regions)
-    lines = [
-        f'"""{module.ckptplan_model} with activation checkpointing, written by ckptplan rewrite.',
-        "",
-        f"{module.ckptplan_plan}.",
-        "Checkpointed regions: each keeps only its inputs in forward and runs again in backward.",
-        *(f"    {line}" for line in _region_lines(regions)),
-        "",
-        "The forward code was traced with torch.fx in training mode. build_model() loads the",
-        f"weights from {weights} beside this file (state_dict keys: this module's).",
-        '"""',
-        "",
-        *writer.imports(),
-        "",
-        f"WEIGHTS = Path(__file__).parent / {weights!r}",
-        f"TIED = {writer.tied(module)!r}",
-        '"""Parameters shared by two paths: (path, the path it is the same tensor as)."""',
-        "",
-        "",
-        _HELPERS.strip("\n"),
-        *writer.helpers(),
-        *writer.blocks,
-        "",
-        "",
-        _BUILD.replace("MAIN", main).strip("\n"),
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def _region_lines(regions: tuple[RegionInfo, ...], depth: int = 0) -> list[str]:
-    lines = []
-    for r in regions:
-        policy = f"; saves {', '.join(r.saves)}" if r.saves else ""
-        lines.append(f"{'  ' * depth}{r.name}: {' + '.join(r.modules)}{policy}")
-        lines.extend(_region_lines(r.nested, depth + 1))
-    return lines
+def _reach(body: torch.fx.Graph, reached: dict[str, Node], path: str) -> Node:
+    """The node of ``path`` in ``body``: attribute reads from the top-level argument."""
+    if path not in reached:
+        parent, _, name = path.rpartition(".")
+        reached[path] = body.create_node(
+            "call_function", getattr, (_reach(body, reached, parent), name), name=_identifier(path)
+        )
+    return reached[path]
 
 
 def save(
@@ -306,306 +305,6 @@ def _load_weights(model: torch.nn.Module, path: Path) -> None:
     except (RuntimeError, KeyError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0]
         raise CkptplanError(f"{path} does not fit the model: {first}") from None
-
-
-class _Writer:
-    """Collects the class definitions, imports and helpers of one written module."""
-
-    def __init__(self) -> None:
-        self.blocks: list[str] = []
-        self.globals: dict[str, Any] = {}
-        self.needs_leaf = False
-        self.needs_policy = False
-
-    def classes(
-        self, module: torch.fx.GraphModule, name: str, regions: tuple[RegionInfo, ...]
-    ) -> None:
-        for region in regions:
-            sub = module.get_submodule(region.name)
-            self.classes(sub, type(sub).__name__, region.nested)
-            self.needs_policy |= region.saves is not None
-        doc = (
-            f"Checkpointed region: {' + '.join(r.modules)}."
-            if (r := _region_of(module))
-            else "The model; its regions are called through torch.utils.checkpoint."
-        )
-        code = module.graph.python_code(root_module="self")
-        src = code.src
-        for key, value in code.globals.items():
-            if value is selective or isinstance(value, str):
-                # our policy helper, or a type annotation fx spelled as a string
-                replacement = "selective" if value is selective else value
-                src = re.sub(rf"\b{re.escape(key)}\b", replacement, src)
-            elif re.search(rf"(?<![\w.]){re.escape(key)}\b(?!\s*=[^=])", src):
-                self.globals[key] = value
-        body = [f"class {name}(torch.nn.Module):", f'    """{doc}"""', ""]
-        body += ["    def __init__(self) -> None:", "        super().__init__()"]
-        body += [f"        {line}" for line in self._state(module, regions)]
-        body += [f"    {line}".rstrip() for line in src.strip().splitlines()]
-        self.blocks += ["", "", *body]
-
-    def _state(self, module: torch.fx.GraphModule, regions: tuple[RegionInfo, ...]) -> list[str]:
-        """Statements that build the submodules, parameters and buffers the code refers to."""
-        classes = {r.name: type(module.get_submodule(r.name)).__name__ for r in regions}
-        seen: dict[int, str] = {}
-        lines = []
-        for node in module.graph.nodes:
-            if node.op not in ("call_module", "get_attr") or node.target in seen.values():
-                continue
-            target = str(node.target)
-            value = _attribute(module, target)
-            if id(value) in seen:
-                lines.append(f"_put(self, {target!r}, _get(self, {seen[id(value)]!r}))")
-            elif target in classes:
-                lines.append(f"_put(self, {target!r}, {classes[target]}())")
-            else:
-                lines.append(f"_put(self, {target!r}, {self._value(value, target)})")
-            seen[id(value)] = target
-        return lines
-
-    def _value(self, value: Any, path: str) -> str:
-        if isinstance(value, torch.nn.Parameter):
-            return f"torch.nn.Parameter({_empty(value)}, requires_grad={value.requires_grad})"
-        if isinstance(value, torch.Tensor):
-            return _empty(value)
-        if isinstance(value, torch.nn.Module):
-            return self._leaf(value, path)
-        raise CkptplanError(f"cannot write {path} ({type(value).__name__}) as Python source")
-
-    def _leaf(self, module: torch.nn.Module, path: str) -> str:
-        """A constructor call when it rebuilds the module exactly, else ``_leaf(...)``."""
-        cls = type(module)
-        name = _class_path(cls)
-        call = f"{name}({module.extra_repr()})"
-        try:
-            with torch.device("meta"):
-                rebuilt = eval(call, {"torch": torch, "inf": math.inf, "nan": math.nan})
-        except Exception:
-            rebuilt = None
-        if rebuilt is not None and _signature(rebuilt) == _signature(module):
-            return call
-        self.needs_leaf = True
-        config = {k: v for k, v in module.__dict__.items() if k not in _MODULE_ATTRIBUTES}
-        tensors = {
-            **{k: _tensor_spec(v, "parameter") for k, v in module._parameters.items()},
-            **{k: _tensor_spec(v, "buffer") for k, v in module._buffers.items()},
-        }
-        children = {k: self._leaf(v, f"{path}.{k}") for k, v in module._modules.items() if v}
-        parts = [
-            name,
-            _literal(config, path),
-            "{" + ", ".join(f"{k!r}: {v}" for k, v in tensors.items()) + "}",
-        ]
-        if children:
-            parts.append("{" + ", ".join(f"{k!r}: {v}" for k, v in children.items()) + "}")
-        return f"_leaf({', '.join(parts)})"
-
-    def imports(self) -> list[str]:
-        lines = ["from pathlib import Path", "", "import torch"]
-        if self.needs_policy:
-            lines[0:0] = ["import functools"]
-            lines.append(
-                "from torch.utils.checkpoint import CheckpointPolicy, "
-                "create_selective_checkpoint_contexts"
-            )
-        for name, value in sorted(self.globals.items()):
-            if value is torch or value is selective or vars(builtins).get(name) is value:
-                continue
-            lines.append(_import_line(name, value))
-        return lines
-
-    def helpers(self) -> list[str]:
-        out = []
-        if self.needs_leaf:
-            out += ["", "", _LEAF_HELPER.strip("\n")]
-        if self.needs_policy:
-            out += ["", "", _POLICY_HELPER.strip("\n")]
-        return out
-
-    def tied(self, module: torch.nn.Module) -> list[tuple[str, str]]:
-        first: dict[int, str] = {}
-        pairs = []
-        for name, p in module.named_parameters(remove_duplicate=False):
-            if id(p) in first:
-                pairs.append((name, first[id(p)]))
-            else:
-                first[id(p)] = name
-        return pairs
-
-
-def _region_of(module: torch.nn.Module) -> RegionInfo | None:
-    return getattr(module, "ckptplan_region", None)
-
-
-def _attribute(module: torch.nn.Module, target: str) -> Any:
-    value: Any = module
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value
-
-
-def _class_path(cls: type) -> str:
-    if getattr(torch.nn, cls.__name__, None) is cls:
-        return f"torch.nn.{cls.__name__}"
-    if cls.__module__.startswith("torch.") and "<" not in cls.__qualname__:
-        return f"{cls.__module__}.{cls.__qualname__}"
-    raise CkptplanError(
-        f"{cls.__qualname__} is not a torch module, so the written file could not build it; "
-        "use ckptplan.apply on this model"
-    )
-
-
-def _signature(module: torch.nn.Module) -> Any:
-    """What must match for a rebuilt module to behave as the original."""
-    config = {k: repr(v) for k, v in module.__dict__.items() if k not in _MODULE_ATTRIBUTES}
-    tensors = {
-        k: None if v is None else (tuple(v.shape), v.dtype, v.requires_grad)
-        for k, v in [*module._parameters.items(), *module._buffers.items()]
-    }
-    children = {k: _signature(v) for k, v in module._modules.items() if v is not None}
-    return type(module), config, tensors, sorted(module._non_persistent_buffers_set), children
-
-
-def _tensor_spec(value: torch.Tensor | None, kind: str) -> str:
-    if value is None:
-        return "None"
-    return f"({kind!r}, {tuple(value.shape)!r}, {value.dtype}, {value.requires_grad})"
-
-
-def _empty(value: torch.Tensor) -> str:
-    return f"torch.empty({tuple(value.shape)!r}, dtype={value.dtype})"
-
-
-def _literal(value: Any, path: str) -> str:
-    """Python source for a configuration value; refuses what would not round-trip."""
-    if value is None or isinstance(value, bool | int | str):
-        return repr(value)
-    if isinstance(value, float):
-        return repr(value) if math.isfinite(value) else f"float({str(value)!r})"
-    if isinstance(value, tuple | list):
-        items = ", ".join(_literal(v, path) for v in value)
-        return (
-            f"({items},)"
-            if isinstance(value, tuple) and len(value) == 1
-            else (f"({items})" if isinstance(value, tuple) else f"[{items}]")
-        )
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k!r}: {_literal(v, path)}" for k, v in value.items()) + "}"
-    if isinstance(value, torch.dtype):
-        return str(value)
-    if isinstance(value, torch.device):
-        return f"torch.device({str(value)!r})"
-    module = getattr(value, "__module__", "") or ""
-    if callable(value) and module.startswith("torch") and hasattr(value, "__qualname__"):
-        return f"{module}.{value.__qualname__}"
-    raise CkptplanError(
-        f"{path} holds a {type(value).__name__}, which the written file cannot rebuild; "
-        "use ckptplan.apply on this model"
-    )
-
-
-def _import_line(name: str, value: Any) -> str:
-    builtin = _custom_builtins.get(name)
-    if builtin is not None and builtin.obj is value:
-        return builtin.import_str
-    if isinstance(value, types.ModuleType):
-        return f"import {value.__name__} as {name}" if value.__name__ != name else f"import {name}"
-    module = getattr(value, "__module__", None)
-    qualname = getattr(value, "__qualname__", None)
-    if module and qualname and "." not in qualname and "<" not in qualname:
-        alias = "" if qualname == name else f" as {name}"
-        return f"from {module} import {qualname}{alias}"
-    raise CkptplanError(
-        f"the traced code refers to {name} ({type(value).__name__}), "
-        "which the written file cannot import; use ckptplan.apply"
-    )
-
-
-_HELPERS = '''
-
-def _get(root: torch.nn.Module, path: str) -> object:
-    for part in path.split("."):
-        root = getattr(root, part)
-    return root
-
-
-def _put(root: torch.nn.Module, path: str, value: object) -> None:
-    """Set a submodule, parameter or buffer by dotted path, making empty parents as needed."""
-    *parents, name = path.split(".")
-    for part in parents:
-        if part not in root._modules:
-            root.add_module(part, torch.nn.Module())
-        root = root._modules[part]
-    if isinstance(value, torch.nn.Module | torch.nn.Parameter):
-        setattr(root, name, value)
-    else:
-        root.register_buffer(name, value)
-'''
-
-_LEAF_HELPER = '''
-def _leaf(cls: type, config: dict, tensors: dict, children: dict | None = None) -> torch.nn.Module:
-    """A torch module with this configuration and empty tensors, without running __init__."""
-    module = cls.__new__(cls)
-    torch.nn.Module.__init__(module)
-    module.__dict__.update(config)
-    for name, spec in tensors.items():
-        if spec is None:
-            module.register_parameter(name, None)
-            continue
-        kind, shape, dtype, requires_grad = spec
-        empty = torch.empty(shape, dtype=dtype)
-        if kind == "parameter":
-            module.register_parameter(name, torch.nn.Parameter(empty, requires_grad))
-        else:
-            module.register_buffer(name, empty)
-    for name, child in (children or {}).items():
-        module.add_module(name, child)
-    return module
-'''
-
-_POLICY_HELPER = '''
-def selective(saves: tuple[str, ...], region: str) -> functools.partial:
-    """A region's context_fn: selective checkpointing that keeps the ops in saves."""
-    return functools.partial(_selective_contexts, saves)
-
-
-def _selective_contexts(saves: tuple[str, ...]) -> tuple:
-    """``op#k`` keeps the k-th call of op in the region (from 0), ``op`` every call."""
-    ops = {}
-    for entry in saves:
-        name, _, index = entry.partition("#")
-        namespace, op, overload = name.split(".")
-        func = getattr(getattr(getattr(torch.ops, namespace), op), overload)
-        ops.setdefault(func, set()).add(int(index) if index else None)
-    counts = {False: {}, True: {}}
-
-    def decide(ctx, func, *args, **kwargs):
-        seen = counts[ctx.is_recompute]
-        index = seen.get(func, 0)
-        seen[func] = index + 1
-        wanted = ops.get(func, ())
-        if None in wanted or index in wanted:
-            return CheckpointPolicy.MUST_SAVE
-        return CheckpointPolicy.PREFER_RECOMPUTE
-
-    return create_selective_checkpoint_contexts(decide)
-'''
-
-_BUILD = '''
-def build_model(weights: str | Path = WEIGHTS) -> torch.nn.Module:
-    """The checkpointed model with its weights (built on meta, then the weights assigned)."""
-    with torch.device("meta"):
-        model = MAIN()
-    tensors = torch.load(weights, weights_only=True)
-    missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
-    if missing:
-        raise RuntimeError(f"{weights} lacks {', '.join(missing)}")
-    for name in unexpected:
-        _put(model, name, tensors[name])
-    for name, same in TIED:
-        _put(model, name, _get(model, same))
-    return model
-'''
 
 
 class _CallableModule(types.ModuleType):

@@ -2,15 +2,16 @@
 
 On every sample model a plan with a multi-block region, a single-block region and (where the
 model has one) a nested region or a selective policy is rewritten; the in-memory module and
-the module built from the written file must give the original's loss and gradients, with
-dropout replayed from the same seed. The plans are made directly (``solve`` would profile
-each model for nothing: only the regions matter here).
+the module built from the written file must have the original's state_dict keys and give its
+loss and gradients in train() (dropout replayed from the same seed) and then in eval() (with
+the BatchNorm statistics that train step left). The plans are made directly (``solve`` would
+profile each model for nothing: only the regions matter here).
 """
 
 from __future__ import annotations
 
+import copy
 import importlib.util
-import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,8 +84,8 @@ def step(model_file: ModelFile, model: torch.nn.Module, inputs: Any) -> tuple[fl
 
 
 def original_name(name: str) -> str:
-    """A rewritten parameter's path in the original model (regions add a prefix)."""
-    return re.sub(r"^(ckpt_\w+\.)+", "", name)
+    """A rewritten parameter's path in the original model: the same (rewrite keeps paths)."""
+    return name
 
 
 def written(module: torch.fx.GraphModule, tmp_path: Path, stem: str) -> ModuleType:
@@ -99,25 +100,31 @@ def written(module: torch.fx.GraphModule, tmp_path: Path, stem: str) -> ModuleTy
 
 
 @pytest.mark.parametrize("name", sorted(REGIONS))
-def test_rewritten_sample_models_give_the_same_loss_and_gradients(name, tmp_path) -> None:
+def test_rewritten_sample_models_keep_the_state_dict_and_train_and_evaluate_alike(
+    name, tmp_path
+) -> None:
     model_file = load_model_file(ROOT / "sample_models" / f"{name}.py")
     torch.manual_seed(0)
-    model = model_file.build().train()
+    model = model_file.build()
     torch.manual_seed(1)
     inputs = model_file.inputs(1)
-    plan = plan_for(model, REGIONS[name])
-    expected_loss, expected = step(model_file, model, inputs)
-
-    module = ckptplan.rewrite(model, plan)
+    reference = copy.deepcopy(model)
+    module = ckptplan.rewrite(model, plan_for(model, REGIONS[name]))
     assert isinstance(module, torch.fx.GraphModule)
     loaded = written(module, tmp_path, name)
     built = loaded.build_model()
     for candidate in (module, built):
-        loss, grads = step(model_file, candidate, inputs)
-        assert loss == pytest.approx(expected_loss, abs=1e-6)
-        assert {original_name(n) for n in grads} == set(expected)
-        for n, grad in grads.items():
-            assert torch.allclose(grad, expected[original_name(n)], atol=1e-6, rtol=0), n
+        assert list(candidate.state_dict()) == list(reference.state_dict())
+        assert candidate.load_state_dict(reference.state_dict()) == ([], [])
+
+    for training in (True, False):
+        expected_loss, expected = step(model_file, reference.train(training), inputs)
+        for candidate in (module, built):
+            loss, grads = step(model_file, candidate.train(training), inputs)
+            assert loss == pytest.approx(expected_loss, abs=1e-6), training
+            assert grads.keys() == expected.keys()
+            for n, grad in grads.items():
+                assert torch.allclose(grad, expected[n], atol=1e-6, rtol=0), (training, n)
     assert not any(p.is_meta for p in built.parameters())
     assert {n for n, _ in built.named_parameters()} == {n for n, _ in module.named_parameters()}
 
@@ -143,16 +150,12 @@ def test_checkpointed_regions_run_again_in_backward(tmp_path) -> None:
     model = model_file.build()
     module = ckptplan.rewrite(model, plan_for(model, [{"modules": ["blocks.1", "blocks.2"]}]))
     calls: dict[str, int] = {}
-    for path in ("ckpt_blocks_1_to_2.blocks.1.fc", "ckpt_blocks_1_to_2.blocks.2.fc", "blocks.3.fc"):
+    for path in ("blocks.1.fc", "blocks.2.fc", "blocks.3.fc"):
         module.get_submodule(path).register_forward_hook(
             lambda *_, path=path: calls.__setitem__(path, calls.get(path, 0) + 1)
         )
     step(model_file, module, model_file.inputs(4))
-    assert calls == {
-        "ckpt_blocks_1_to_2.blocks.1.fc": 2,
-        "ckpt_blocks_1_to_2.blocks.2.fc": 2,
-        "blocks.3.fc": 1,
-    }
+    assert calls == {"blocks.1.fc": 2, "blocks.2.fc": 2, "blocks.3.fc": 1}
 
 
 def test_a_model_that_does_not_trace_points_to_apply() -> None:
@@ -258,6 +261,125 @@ def test_torch_leaves_without_a_constructor_repr_are_rebuilt_and_the_model_is_un
     for name, p in built.named_parameters():
         assert torch.allclose(p.grad, expected[original_name(name)], atol=1e-6, rtol=0), name
     assert "_leaf(torch.nn.MultiheadAttention" in Path(tmp_path / "attention_ckpt.py").read_text()
+
+
+class Block(torch.nn.Module):
+    """A functional dropout that reads ``self.training``, a buffer outside the state_dict and a
+    parameter the forward never uses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.norm = torch.nn.BatchNorm1d(8)
+        self.register_buffer("scale", torch.full((8,), 0.5), persistent=False)
+        self.unused = torch.nn.Parameter(torch.zeros(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.dropout(self.norm(self.fc(x)), 0.5, self.training)
+        return x + y * self.scale
+
+
+class BlockNet(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("offset", torch.ones(8))
+        self.blocks = torch.nn.ModuleList([Block(), Block(), Block()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x) + self.offset  # a buffer of the model's own, in the first region
+        return x.square().mean()
+
+
+def test_each_module_reads_its_own_mode_and_every_key_is_kept(tmp_path) -> None:
+    torch.manual_seed(0)
+    model = BlockNet()
+    reference = copy.deepcopy(model)
+    regions = [{"modules": ["blocks.0", "blocks.1"]}, {"modules": ["blocks.2"]}]
+    module = ckptplan.rewrite(model, plan_for(model, regions))
+    built = written(module, tmp_path, "blocks").build_model()
+    keys = list(reference.state_dict())
+    assert "blocks.0.unused" in keys and "blocks.0.scale" not in keys
+    x = torch.randn(16, 8)
+    # train(), eval(), then train() with one block in eval(): F.dropout reads its block's flag
+    for training, evaluated in ((True, ()), (False, ()), (True, (1,))):
+        results = []
+        for candidate in (reference, module, built):
+            assert list(candidate.state_dict()) == keys
+            candidate.train(training)
+            for k in evaluated:
+                candidate.get_submodule(f"blocks.{k}").eval()
+            candidate.zero_grad(set_to_none=True)
+            torch.manual_seed(3)
+            loss = candidate(x)
+            loss.backward()
+            grads = {n: p.grad for n, p in candidate.named_parameters() if p.grad is not None}
+            results.append((loss.item(), grads, dict(candidate.named_buffers())))
+        (expected_loss, expected, buffers), *others = results
+        for loss, grads, got in others:
+            assert loss == pytest.approx(expected_loss, abs=1e-6), (training, evaluated)
+            assert grads.keys() == expected.keys()
+            assert all(torch.allclose(grads[n], g, atol=1e-6, rtol=0) for n, g in expected.items())
+            assert got.keys() == buffers.keys()
+            assert all(torch.equal(got[n], b) for n, b in buffers.items()), "norm statistics"
+
+
+class DropPath(torch.nn.Module):
+    """Takes another code path in eval(), as timm's DropPath does."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return x
+        return x * (torch.rand_like(x[:, :1]) > 0.5).to(x.dtype) * 2
+
+
+class Residual(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.drop = DropPath()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.drop(self.fc(x))
+
+
+class PathNet(torch.nn.Module):
+    def __init__(self, branch: bool = False) -> None:
+        super().__init__()
+        self.branch = branch
+        self.blocks = torch.nn.Sequential(Residual(), Residual(), Residual())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.blocks(x)
+        if self.branch and self.training:
+            x = x * 2
+        return x.square().mean()
+
+
+def test_a_module_that_branches_on_its_mode_stays_a_module(tmp_path) -> None:
+    torch.manual_seed(0)
+    model = PathNet()
+    module = ckptplan.rewrite(model, plan_for(model, [{"modules": ["blocks.0", "blocks.1"]}]))
+    assert module.ckptplan_leaves >= {"blocks.0.drop", "blocks.1.drop", "blocks.2.drop"}
+    x = torch.randn(16, 8)
+    for training in (True, False):
+        losses = []
+        for candidate in (model, module):
+            candidate.train(training)
+            torch.manual_seed(3)
+            losses.append(candidate(x).item())
+        assert losses[0] == pytest.approx(losses[1], abs=1e-6), training
+    with pytest.raises(CkptplanError, match=r"DropPath is not a torch module.*eval\(\)") as info:
+        ckptplan.rewrite.save(module, tmp_path / "path_ckpt.py")
+    assert "\n" not in str(info.value)
+
+
+def test_a_model_whose_own_forward_branches_on_its_mode_points_to_apply() -> None:
+    model = PathNet(branch=True)
+    with pytest.raises(CkptplanError, match=r"PathNet.forward takes another path.*apply") as info:
+        ckptplan.rewrite(model, plan_for(model, [{"modules": ["blocks.0"]}]))
+    assert "\n" not in str(info.value)
+    assert model.training and all(m.training for m in model.modules()), "modes put back"
 
 
 @pytest.mark.skipif(
