@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
-from typing import Any
 
 import click
 
@@ -23,6 +21,7 @@ from ckptplan.cli_options import (
     StepOptions,
     console,
     hub_options,
+    model_argument,
     print_json,
     progress_display,
     run_on_option,
@@ -33,6 +32,7 @@ from ckptplan.errors import DEBUG_ENV
 from ckptplan.options import SCOPES
 from ckptplan.remat_command import remat
 from ckptplan.solvers import SOLVERS
+from ckptplan.sweep_command import sweep_command
 
 
 @click.group(
@@ -64,10 +64,6 @@ def cli(ctx: click.Context, debug: bool) -> None:
     """
     if ctx.invoked_subcommand is None:
         click.echo(ctx.get_help())
-
-
-def model_argument(command: Callable[..., Any]) -> Callable[..., Any]:
-    return click.argument("model", metavar="MODEL")(command)
 
 
 @cli.command(epilog=MODEL_HELP)
@@ -223,87 +219,6 @@ def profile_command(model: str, depth: int, top: int, step: StepOptions, as_json
         show_profile(result, console(), depth, top)
 
 
-@cli.command("sweep", epilog=MODEL_HELP)
-@model_argument
-@click.option(
-    "--points",
-    type=click.IntRange(min=1),
-    default=6,
-    show_default=True,
-    help="Points of the dp and auto frontiers.",
-)
-@click.option(
-    "--budget",
-    default=None,
-    help="Mark this budget (as for solve) in the table and the plots.",
-)
-@click.option(
-    "--verify",
-    "run_verify",
-    is_flag=True,
-    help="Also run every point for real: measured peak and step time.",
-)
-@run_on_option("With --verify, the local device to measure on (cpu, cuda) [default: cuda if any].")
-@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
-@click.option(
-    "--plot",
-    "plots",
-    multiple=True,
-    type=click.Path(dir_okay=False),
-    help="Save the frontier as an image (.png or .svg); repeatable.",
-)
-@click.option(
-    "--save-plans",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="Write every point's plan into this folder (STRATEGY-PEAK.json).",
-)
-@step_options
-@click.option("--json", "as_json", is_flag=True, help="Print the points as JSON.")
-@user_errors
-def sweep_command(
-    model: str,
-    points: int,
-    budget: str | None,
-    run_verify: bool,
-    run_on: str | None,
-    repeats: int,
-    plots: tuple[str, ...],
-    save_plans: str | None,
-    step: StepOptions,
-    as_json: bool,
-) -> None:
-    """The memory/step-time frontier of every strategy: none, full, every-k, sqrt, dp, auto."""
-    from ckptplan.api import load_workload
-    from ckptplan.budget import parse_budget
-    from ckptplan.report import show_sweep
-    from ckptplan.sweep import SweepOptions, save_plot, sweep, terminal_plot
-    from ckptplan.sweep import save_plans as write_plans
-
-    for path in plots:
-        writable_destination(path, "--plot")
-    parsed = parse_budget(budget) if budget is not None else None
-    workload = load_workload(model)
-    options = SweepOptions(points=points, verify=run_verify, repeats=repeats, run_on=run_on)
-    with progress_display(as_json) as progress:
-        result = sweep(workload, step.settings(), options, progress)
-    budget_bytes = parsed.resolve(result.unchecked_peak_bytes) if parsed else None
-    for path in plots:
-        save_plot(result, path, budget_bytes)
-    written = write_plans(result, save_plans) if save_plans else []
-    if as_json:
-        data = {"points": [p.to_json() for p in result.points], "budget_bytes": budget_bytes}
-        print_json("sweep", {**data, "plans": [str(p) for p in written]})
-        return
-    out = console()
-    show_sweep(result, out, budget_bytes)
-    out.print(terminal_plot(result, budget_bytes), highlight=False, markup=False)
-    for path in plots:
-        out.print(f"plot written to {path}")
-    if written:
-        out.print(f"{len(written)} plans written to {save_plans}")
-
-
 @cli.command(epilog="MODEL: a model file (model.py) or MODULE:FUNCTION.")
 @model_argument
 @click.argument("plan_file", type=click.Path(dir_okay=False))
@@ -438,6 +353,7 @@ def gap(model: str, budget: str, time_limit: float, step: StepOptions, as_json: 
 
 
 cli.add_command(remat)
+cli.add_command(sweep_command)
 
 
 def main() -> None:

@@ -41,6 +41,11 @@ if TYPE_CHECKING:
 MODEL_HELP = "MODEL: a model file (model.py), MODULE:FUNCTION, or hf:NAME_OR_DIR."
 
 
+def model_argument(command: Callable[..., Any]) -> Callable[..., Any]:
+    """MODEL: a model file, ``MODULE:NAME`` or ``hf:NAME_OR_DIR`` (resolved by the API)."""
+    return click.argument("model", metavar="MODEL")(command)
+
+
 def writable_destination(path: str, flag: str = "-o") -> None:
     """Refuse an output path before the long work, not after it."""
     folder = Path(path).resolve().parent
