@@ -258,11 +258,18 @@ def _policy_text(policy: dict[str, Any] | None, shown: int = 3) -> str:
         return ""
     parts = []
     for verb, key in (("keeps", "save"), ("offloads", "offload")):
-        names = list(policy.get(key) or ())
+        names = [_short_op(name) for name in policy.get(key) or ()]
         if names:
             more = ", ..." if len(names) > shown else ""
             parts.append(f"{verb} {', '.join(names[:shown])}{more}")
     return f" (selective: {'; '.join(parts) or 'keeps nothing'})"
+
+
+def _short_op(name: str) -> str:
+    """``aten.addmm.default#0`` -> ``addmm#0``; other overloads keep their name."""
+    op, _, index = name.partition("#")
+    op = op.removeprefix("aten.").removesuffix(".default")
+    return f"{op}#{index}" if index else op
 
 
 @dataclass

@@ -305,7 +305,8 @@ def test_regions_are_listed_compactly() -> None:
     from ckptplan.plan import Region
     from ckptplan.units import describe_regions
 
-    keeps = {"save": ["addmm#0", "addmm#1", "mm#0", "bmm#0"]}
+    ops = ["aten.addmm.default#0", "aten.addmm.default#1", "aten.mm.default#0", "aten.bmm.out#0"]
+    keeps = {"save": ops}
     regions = [
         Region(("blocks.0", "blocks.1", "blocks.2")),
         *(Region((f"blocks.{i}",), policy=keeps) for i in range(3, 11)),
