@@ -224,7 +224,12 @@ def solve(
     if solver == "auto":
         # Selective plans the fake run puts over, however low the target, or that do not pay
         # for themselves against the best of segments: the best of segments.
-        segments, segments_peak = search.run("dp")
+        try:
+            segments, segments_peak = search.run("dp")
+        except BelowLeastPeak:  # selective plans reach below the least peak of segments
+            if plan is None:
+                raise
+            segments, segments_peak = None, 0
         if segments is not None and not (
             plan is not None
             and selective_pays(

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+from torch._inductor import config as inductor_config
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ckptplan.allocmeter import allocator_peak
@@ -79,6 +80,8 @@ class Verification:
     reserved_peak_bytes: int | None = None
     """On CUDA, the peak the caching allocator reserved (what ``nvidia-smi`` sees, less the
     context): ``measured_peak_bytes`` plus rounding to segments and fragmentation."""
+    compiled: CompiledFigures | None = None
+    """For a plan made for ``torch.compile``: what the compiled step adds to the figures."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -242,8 +245,10 @@ def _compare(
     inputs: Any,
     target: torch.device,
     repeats: int,
+    track: bool = True,
 ) -> Comparison:
-    """Gradients, steady-state peak and median step time of ``candidate`` against the baseline."""
+    """Gradients, steady-state peak and median step time of ``candidate`` against the baseline
+    (and on the CPU with ``track``, its peak by the live-storage tracker too)."""
     autocast = settings.get("autocast")
     reference = _grads(model_file, baseline_model, inputs, autocast)
     got = _grads(model_file, candidate, inputs, autocast)
@@ -259,7 +264,11 @@ def _compare(
     }
     scope = settings.get("scope", "step")
     peaks = {name: _measured_peak(model_file, run, target, scope) for name, run in runs.items()}
-    tracked = _tracked_peak(model_file, runs["candidate"], scope) if target.type == "cpu" else None
+    tracked = (
+        _tracked_peak(model_file, runs["candidate"], scope)
+        if target.type == "cpu" and track
+        else None
+    )
     if target.type == "cpu":
         keep_freed_host_memory()
     times = _paired_times(model_file, runs, target, repeats)
@@ -316,6 +325,34 @@ def _check_repeats(repeats: int) -> None:
         raise CkptplanError(f"{repeats} repeats: time at least one step of each (e.g. 3)")
 
 
+@dataclass(frozen=True)
+class CompiledFigures:
+    """A compiled plan's step (inductor) beside the compiled unchecked step; the baseline of
+    its ``Verification`` stays the eager unchecked step."""
+
+    compile_time_s: float
+    """The first step's time less a steady step's: compiling forward and backward."""
+    unchecked_peak_bytes: int
+    unchecked_step_time_ratio: float
+    """The compiled unchecked step's time over the eager one's."""
+    step_time_ratio: float
+    """The plan's compiled step over the compiled unchecked one: two paired measurements
+    against the same eager step, divided."""
+
+
+def _compiled(
+    model: torch.nn.Module, model_file: Workload, inputs: Any, autocast: str | None
+) -> tuple[torch.nn.Module, float]:
+    """``model`` compiled by inductor, and the seconds its first step took over its second."""
+    compiled = CompiledModel(model, "inductor")
+    times = []
+    for _ in range(2):
+        start = time.perf_counter()
+        _grads(model_file, compiled, inputs, autocast)
+        times.append(time.perf_counter() - start)
+    return compiled, max(times[0] - times[1], 0.0)
+
+
 def verify_plan(
     model_file: Workload,
     plan: Plan,
@@ -336,13 +373,23 @@ def verify_plan(
         )
     baseline_model, inputs, dtype = _baseline(model_file, plan.settings, target)
     planned_model = apply(copy.deepcopy(baseline_model), plan, force=force)
-    result = _compare(
-        model_file, plan.settings, baseline_model, planned_model, inputs, target, repeats
-    )
+    compiled = None
+    if plan.settings.get("compiled"):
+        # Inductor draws its own dropout masks unless told to use eager's: with eager's, the
+        # compiled plan's gradients compare seed for seed with the eager step's.
+        with inductor_config.patch(fallback_random=True):
+            compiled, result = _compare_compiled(
+                model_file, plan.settings, baseline_model, planned_model, inputs, target, repeats
+            )
+    else:
+        result = _compare(
+            model_file, plan.settings, baseline_model, planned_model, inputs, target, repeats
+        )
+    predicted = plan.predicted.get("fake_run_peak_bytes") if compiled else None
     return Verification(
         device=str(target),
         budget_bytes=int(plan.budget["bytes"]),
-        predicted_peak_bytes=int(plan.predicted["peak_bytes"]),
+        predicted_peak_bytes=int(predicted or plan.predicted["peak_bytes"]),
         measured_peak_bytes=result.measured_peak_bytes,
         baseline_peak_bytes=result.baseline_peak_bytes,
         step_time_ratio=result.step_time_ratio,
@@ -355,7 +402,37 @@ def verify_plan(
         tracked_peak_bytes=result.tracked_peak_bytes,
         predicted_overhead=plan.predicted.get("overhead"),
         reserved_peak_bytes=result.reserved_peak_bytes,
+        compiled=compiled,
     )
+
+
+def _compare_compiled(
+    model_file: Workload,
+    settings: dict[str, Any],
+    baseline_model: torch.nn.Module,
+    planned_model: torch.nn.Module,
+    inputs: Any,
+    target: torch.device,
+    repeats: int,
+) -> tuple[CompiledFigures, Comparison]:
+    """The planned model compiled against the eager baseline, and the compiled unchecked model
+    against it too. The live-storage tracker cannot follow inductor's kernels: the allocator's
+    figure alone."""
+    autocast = settings.get("autocast")
+    # Each comparison trains its pair: the compiled unchecked model's has its own eager copy.
+    eager = copy.deepcopy(baseline_model)
+    unchecked, _ = _compiled(copy.deepcopy(baseline_model), model_file, inputs, autocast)
+    base = _compare(model_file, settings, eager, unchecked, inputs, target, repeats, False)
+    del eager, unchecked
+    planned, compile_time = _compiled(planned_model, model_file, inputs, autocast)
+    result = _compare(model_file, settings, baseline_model, planned, inputs, target, repeats, False)
+    figures = CompiledFigures(
+        compile_time_s=compile_time,
+        unchecked_peak_bytes=base.measured_peak_bytes,
+        unchecked_step_time_ratio=base.step_time_ratio,
+        step_time_ratio=result.step_time_ratio / base.step_time_ratio,
+    )
+    return figures, result
 
 
 def interleaved_step_times(

@@ -18,6 +18,7 @@ import ctypes.util
 import math
 import weakref
 from collections.abc import Callable, Iterable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -207,6 +208,20 @@ class LiveStorageTracker(TorchDispatchMode):
             self.gradients -= size
 
 
+_FUSED: ContextVar[bool] = ContextVar("ckptplan_fused", default=False)
+
+
+@contextlib.contextmanager
+def fused() -> Iterator[None]:
+    """Ops run here make values a fused kernel keeps in registers: ``CompiledStepTracker``
+    counts no storage for them."""
+    token = _FUSED.set(True)
+    try:
+        yield
+    finally:
+        _FUSED.reset(token)
+
+
 class CompiledStepTracker(LiveStorageTracker):
     """The tracker over a ``torch.compile``d step: declared an infrastructure mode, as dynamo
     runs compiled frames only under those. The graphs it then sees run eager kernels
@@ -223,6 +238,8 @@ class CompiledStepTracker(LiveStorageTracker):
         return True
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if _FUSED.get():
+            return func(*args, **(kwargs or {}))
         if not isinstance(func, torch._ops.HigherOrderOperator):
             return super().__torch_dispatch__(func, types, args, kwargs)
         with _pop_mode_temporarily():

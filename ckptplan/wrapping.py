@@ -397,9 +397,26 @@ def _selective_contexts(
     }
 
     def decide(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-        return policies[choices(func, ctx.is_recompute)[0]]
+        choice = choices(func, ctx.is_recompute)[0]
+        if choice is None and _random(func) and torch.compiler.is_compiling():
+            return CheckpointPolicy.MUST_SAVE  # see Note [random ops under torch.compile]
+        return policies[choice]
 
     return create_selective_checkpoint_contexts(decide)
+
+
+# Note [random ops under torch.compile]
+#     In eager mode a selective region's recomputation replays the RNG state checkpoint saved,
+#     so a recomputed dropout draws its forward's mask again. Under torch.compile a region with
+#     a policy is traced once, and the partitioner recomputes a PREFER_RECOMPUTE random op in
+#     the backward graph with fresh numbers: gradients that are wrong (relative error 0.07 on
+#     the test's MLP with dropout), the same fault as compile's own memory budget. So under
+#     compile a policy keeps every random op's outputs; the fake run, which compiles the plan,
+#     counts what they hold.
+
+
+def _random(func: Any) -> bool:
+    return torch.Tag.nondeterministic_seeded in getattr(func, "tags", ())
 
 
 @dataclass(frozen=True)

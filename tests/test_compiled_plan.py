@@ -91,8 +91,8 @@ def test_inductor_makes_the_plans_partition_within_budget_with_eager_gradients(
     model_and_batch: tuple[nn.Module, torch.Tensor],
 ) -> None:
     model, batch = model_and_batch
-    plan = solve(model, batch, "70%")
-    assert plan.regions, "70% of the compiled step's peak needs checkpointing"
+    plan = solve(model, batch, "80%")
+    assert plan.regions, "80% of the compiled step's peak needs checkpointing"
     expected = gradients(model, model, batch)
     planned = ckptplan.apply(copy.deepcopy(model), plan)
     log = Partition()
@@ -119,7 +119,7 @@ def test_a_tighter_budget_saves_less_in_the_compiled_partition(
     model_and_batch: tuple[nn.Module, torch.Tensor],
 ) -> None:
     model, batch = model_and_batch
-    loose, tight = solve(model, batch, "90%"), solve(model, batch, "70%")
+    loose, tight = solve(model, batch, "95%"), solve(model, batch, "80%")
     saved = [p.predicted["compiled_partition"]["saved_bytes"] for p in (loose, tight)]
     assert saved[1] < saved[0]
     assert tight.predicted["fake_run_peak_bytes"] <= tight.budget["bytes"]
@@ -133,3 +133,16 @@ def test_an_unreachable_compiled_budget_names_the_least_that_fits(
     model, batch = model_and_batch
     with pytest.raises(ckptplan.CkptplanError, match=r"use --budget \S+ or more"):
         solve(model, batch, "5%")
+
+
+def test_verify_measures_a_compiled_plan_under_inductor(
+    model_and_batch: tuple[nn.Module, torch.Tensor],
+) -> None:
+    model, batch = model_and_batch
+    plan = solve(model, batch, "85%")
+    result = ckptplan.verify(model, plan, (batch,), loss_fn=loss_fn, run_on="cpu", repeats=1)
+    assert result.compiled is not None
+    assert result.within_budget and result.grads_match
+    assert result.predicted_peak_bytes == plan.predicted["fake_run_peak_bytes"]
+    assert result.measured_peak_bytes < result.compiled.unchecked_peak_bytes
+    assert result.tracked_peak_bytes is None, "the tracker cannot follow inductor's kernels"

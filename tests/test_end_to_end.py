@@ -58,3 +58,22 @@ def test_dp_beats_fixed_policies_on_every_sample(name) -> None:
         plan = run_solver("dp", chain, baseline.peak)
         assert plan.peak <= baseline.peak
         assert plan.recompute_time <= baseline.recompute_time + 1e-12
+
+
+def test_auto_plans_below_the_least_peak_of_segments() -> None:
+    """auto also asks dp for its plan of segments; where no plan of segments fits (a GPT's
+    attention kept in bf16 on an h100), the selective plan stands."""
+    plan = ckptplan.solve(
+        SAMPLES / "gpt.py", budget="55%", target="h100", dtype="bf16-mixed", batch_size=4
+    )
+    with pytest.raises(ckptplan.CkptplanError, match="below the least feasible peak"):
+        ckptplan.solve(
+            SAMPLES / "gpt.py",
+            budget="55%",
+            solver="dp",
+            target="h100",
+            dtype="bf16-mixed",
+            batch_size=4,
+        )
+    assert any(region.policy for region in plan.regions)
+    assert plan.predicted["fake_run_peak_bytes"] <= plan.budget["bytes"]
