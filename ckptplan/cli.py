@@ -127,6 +127,13 @@ def cli(ctx: click.Context, debug: bool) -> None:
     "state sharded over the ranks.",
 )
 @click.option("--ddp", "parallel", flag_value="ddp", help="DDP: replicated, plus gradient buckets.")
+@click.option(
+    "--compile",
+    "compiled",
+    is_flag=True,
+    help="Plan for ckptplan.apply, then torch.compile: the budget holds the partition "
+    "inductor makes (found on fake tensors), and the plan keeps dropout exact.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @user_errors
 def solve(
@@ -141,6 +148,7 @@ def solve(
     margin: float | None,
     world_size: int,
     parallel: str | None,
+    compiled: bool,
     as_json: bool,
 ) -> None:
     """Profile MODEL on fake tensors and find the plan that fits BUDGET."""
@@ -160,6 +168,7 @@ def solve(
             world_size=world_size,
             parallel=parallel,
             margin=margin,
+            compiled=compiled,
             progress=progress,
             **step.keywords(),
         )

@@ -138,11 +138,18 @@ class _Fusing(torch.fx.Interpreter):
 
 
 def fused_away(graph: torch.fx.Graph) -> set[torch.fx.Node]:
-    """The pointwise nodes of ``graph`` whose every use fuses into its user's kernel."""
+    """The pointwise nodes of ``graph`` whose every use fuses into its user's kernel. Random
+    ops are pointwise too, drawn inside the kernel, unless ``fallback_random`` has inductor
+    call eager's random kernels."""
+    from torch._inductor import config as inductor_config
+
+    tags = (torch.Tag.pointwise,)
+    if not inductor_config.fallback_random:
+        tags += (torch.Tag.nondeterministic_seeded,)
     return {
         node
         for node in graph.nodes
-        if _tagged(node, torch.Tag.pointwise) and node.users and all(map(_fuses, node.users))
+        if any(_tagged(node, tag) for tag in tags) and node.users and all(map(_fuses, node.users))
     }
 
 

@@ -58,6 +58,15 @@ def loss_fn(out: torch.Tensor) -> torch.Tensor:
     return out.pow(2).mean()
 
 
+def build_model() -> nn.Module:
+    """The model as ``ckptplan solve tests.test_compiled_plan:build_model`` builds it."""
+    return Net()
+
+
+def example_inputs(batch_size: int | None = None) -> tuple[torch.Tensor]:
+    return (torch.randn(batch_size or BATCH, WIDTH),)
+
+
 @pytest.fixture(autouse=True)
 def fresh_dynamo() -> Iterator[None]:
     threads = torch.get_num_threads()
@@ -146,3 +155,19 @@ def test_verify_measures_a_compiled_plan_under_inductor(
     assert result.predicted_peak_bytes == plan.predicted["fake_run_peak_bytes"]
     assert result.measured_peak_bytes < result.compiled.unchecked_peak_bytes
     assert result.tracked_peak_bytes is None, "the tracker cannot follow inductor's kernels"
+
+
+def test_the_cli_solves_for_torch_compile(tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from ckptplan.cli import cli
+
+    out = tmp_path / "plan.json"
+    spec = "tests.test_compiled_plan:build_model"
+    result = CliRunner().invoke(cli, ["solve", spec, "--budget", "85%", "--compile", "-o", out])
+    assert result.exit_code == 0, result.output
+    assert "for torch.compile" in result.output
+    plan = Plan.load(out)
+    assert plan.settings["compiled"]
+    assert plan.predicted["fake_run_peak_bytes"] <= plan.budget["bytes"]
+    assert plan.predicted["compiled_partition"]["graphs"] == 1
