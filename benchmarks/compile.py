@@ -1,0 +1,261 @@
+"""ckptplan's compiled plans against ``torch.compile``'s own ``activation_memory_budget``.
+
+For each model, on the CPU with one thread, dropout on, each of these trains the same seeded
+steps from the same weights:
+
+- eager with no checkpointing (the reference for gradients and time), and compiled with none;
+- ``torch.compile`` with ``activation_memory_budget`` at 0.1, 0.3, 0.5 and 0.7;
+- ckptplan ``--compile`` plans (``solve(..., compiled=True)``), applied then compiled, at byte
+  budgets equal to the peaks those compile budgets measured;
+- eager ``auto`` and ``dp`` plans at the same budgets, and for Hugging Face models HF's own
+  checkpointing of every layer.
+
+Every compiled entry runs inductor with ``fallback_random`` (eager's random kernels), so a
+compiled step with the same seed draws eager's dropout masks and its gradients can be held to
+eager's. For each entry: the peak the CPU allocator saw (``allocmeter``, which counts inductor's
+buffers too; parameters, gradients, optimizer state and batch included), the step time against
+eager and against compiled unchecked steps (medians of interleaved rounds, one process), the
+compile time (the first step's time less a steady step's), and the largest relative gradient
+error against eager (per parameter, max |g - g_eager| / max |g_eager|).
+
+    python benchmarks/compile.py [--models gpt tests/models/hf_gpt2.py] [--rounds 5]
+
+Writes benchmarks/results/compile.json (rows merged by model) and compile.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch._functorch import config as functorch_config
+from torch._inductor import config as inductor_config
+
+import ckptplan
+from ckptplan.allocmeter import allocator_peak
+from ckptplan.compiled import CompiledModel, Partition, inductor_backend
+from ckptplan.errors import CkptplanError
+from ckptplan.loading import Workload, call_model, load_model_file
+from ckptplan.memtrack import keep_freed_host_memory, storage_bytes
+from ckptplan.training import make_optimizer, persistent_tensors, training_conventions
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "compile.json"
+MODELS = (
+    "sample_models/gpt.py",
+    "sample_models/vit.py",
+    "sample_models/mlp.py",
+    "tests/models/hf_gpt2.py",
+    "tests/models/hf_llama.py",
+    "tests/models/hf_bert.py",
+    "tests/models/hf_vit.py",
+)
+COMPILE_BUDGETS = (0.1, 0.3, 0.5, 0.7)
+
+
+class Entry:
+    """One way of training the model: its module, the module owning the parameters, and its
+    figures once measured."""
+
+    def __init__(self, name: str, module: torch.nn.Module, owner: torch.nn.Module) -> None:
+        self.name, self.module, self.owner = name, module, owner
+        self.optimizer = make_optimizer("adamw", owner)
+        self.row: dict[str, Any] = {"strategy": name}
+
+
+def step(workload: Workload, entry: Entry, inputs: Any, seed: int) -> None:
+    torch.manual_seed(seed)
+    workload.loss(call_model(entry.module, inputs)).backward()
+    entry.optimizer.step()
+    entry.optimizer.zero_grad(set_to_none=True)
+
+
+def gradients(workload: Workload, entry: Entry, inputs: Any) -> dict[str, torch.Tensor]:
+    torch.manual_seed(1234)
+    workload.loss(call_model(entry.module, inputs)).backward()
+    grads = {
+        n: p.grad.detach().clone() for n, p in entry.owner.named_parameters() if p.grad is not None
+    }
+    entry.owner.zero_grad(set_to_none=True)
+    return grads
+
+
+def relative_error(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float:
+    errors = [
+        ((got[n] - g).abs().max() / g.abs().max().clamp_min(1e-30)).item() for n, g in want.items()
+    ]
+    return max(errors, default=0.0) if got.keys() == want.keys() else float("inf")
+
+
+def measure(workload: Workload, entry: Entry, inputs: Any, want: dict[str, torch.Tensor]) -> None:
+    """Gradients (the first call compiles), then a warm step, then the allocator's peak."""
+    start = time.perf_counter()
+    entry.row["grad_rel_error"] = relative_error(gradients(workload, entry, inputs), want)
+    first = time.perf_counter() - start
+    step(workload, entry, inputs, seed=1)
+    start = time.perf_counter()
+    step(workload, entry, inputs, seed=2)
+    steady = time.perf_counter() - start
+    entry.row["compile_s"] = round(max(first - steady, 0.0), 2)
+    persistent = storage_bytes(persistent_tensors(entry.owner, entry.optimizer, inputs))
+    peak = allocator_peak(lambda: step(workload, entry, inputs, seed=3), entry.owner)
+    entry.row["peak_bytes"] = persistent + peak.step
+
+
+def compiled(name: str, model: torch.nn.Module, budget: float | None = None) -> Entry:
+    log = Partition()
+    entry = Entry(name, CompiledModel(model, inductor_backend(log)), model)
+    entry.row["partition"] = log
+    entry.row["memory_budget"] = budget
+    return entry
+
+
+def with_budget(budget: float | None, run: Callable[[], None]) -> None:
+    """``run`` (the call that compiles) under compile's memory budget, if any."""
+    if budget is None:
+        run()
+        return
+    with functorch_config.patch(activation_memory_budget=budget):
+        run()
+
+
+def time_rounds(workload: Workload, entries: list[Entry], inputs: Any, rounds: int) -> None:
+    """Step time ratios against eager and compiled unchecked steps, per interleaved round."""
+    keep_freed_host_memory()
+    times: dict[str, list[float]] = {e.name: [] for e in entries}
+    for r in range(rounds):
+        for entry in entries if r % 2 == 0 else entries[::-1]:
+            start = time.perf_counter()
+            step(workload, entry, inputs, seed=10 + r)
+            times[entry.name].append(time.perf_counter() - start)
+    for entry in entries:
+        mine = times[entry.name]
+        for reference in ("eager", "compiled"):
+            pairs = [a / b for a, b in zip(mine, times[reference], strict=True)]
+            entry.row[f"time_vs_{reference}"] = round(statistics.median(pairs), 4)
+        entry.row["step_s"] = round(statistics.median(mine), 4)
+
+
+def run_model(path: Path, rounds: int) -> list[dict[str, Any]]:
+    workload = load_model_file(path)
+    torch.manual_seed(0)
+    reference = workload.build().train()
+    torch.manual_seed(0)
+    inputs, _ = training_conventions(reference, workload.inputs(None))
+
+    pristine = copy.deepcopy(reference)  # the eager entry trains ``reference`` itself
+
+    def fresh() -> torch.nn.Module:
+        return copy.deepcopy(pristine)
+
+    eager = Entry("eager", reference, reference)
+    want = gradients(workload, eager, inputs)
+    entries = [eager, compiled("compiled", fresh())]
+    entries += [compiled(f"compile-{b:g}", fresh(), b) for b in COMPILE_BUDGETS]
+    for entry in entries:
+        with inductor_config.patch(fallback_random=True):
+            with_budget(
+                entry.row.get("memory_budget"), lambda e=entry: measure(workload, e, inputs, want)
+            )
+    planned = []
+    for budget_entry in entries[2:]:
+        budget = budget_entry.row["peak_bytes"]
+        tag = f"@{budget_entry.name}"
+        for solver, compile_plan in (("auto", True), ("auto", False), ("dp", False)):
+            name = f"ckptplan-compiled{tag}" if compile_plan else f"eager-{solver}{tag}"
+            try:
+                plan = ckptplan.solve(path, budget=budget, solver=solver, compiled=compile_plan)
+            except CkptplanError as exc:
+                planned.append({"strategy": name, "budget_bytes": budget, "infeasible": str(exc)})
+                continue
+            model = ckptplan.apply(fresh(), plan)
+            entry = compiled(name, model) if compile_plan else Entry(name, model, model)
+            entry.row.update(
+                budget_bytes=budget, predicted_peak_bytes=plan.predicted.get("fake_run_peak_bytes")
+            )
+            with inductor_config.patch(fallback_random=True):
+                measure(workload, entry, inputs, want)
+            entries.append(entry)
+    if hasattr(reference, "activation_checkpointing_enable"):
+        model = fresh()
+        model.activation_checkpointing_enable({"use_reentrant": False})
+        entry = Entry("hf-full", model, model)
+        measure(workload, entry, inputs, want)
+        entries.append(entry)
+    time_rounds(workload, entries, inputs, rounds)
+    rows = []
+    for entry in entries:
+        row = dict(entry.row, model=path.stem)
+        log = row.pop("partition", None)
+        if log is not None:
+            row["saved_bytes"] = log.saved_bytes
+            row["graphs"] = log.compiled_graphs
+        rows.append(row)
+    return rows + planned
+
+
+def plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = sorted(results)
+    fig, axes = plt.subplots(1, len(models), figsize=(4 * len(models), 3.6), squeeze=False)
+    styles = {
+        "compile": ("^", "tab:red"),
+        "ckptplan": ("o", "tab:blue"),
+        "eager": ("s", "tab:gray"),
+    }
+    for ax, model in zip(axes[0], models, strict=True):
+        for row in results[model]:
+            if "peak_bytes" not in row:
+                continue
+            family = row["strategy"].split("-")[0]
+            marker, colour = styles.get(family, ("x", "black"))
+            ax.scatter(row["peak_bytes"] / 2**20, row["time_vs_eager"], marker=marker, c=colour)
+        ax.set_title(model)
+        ax.set_xlabel("measured peak (MiB, CPU allocator)")
+        ax.set_ylabel("step time / eager unchecked")
+    handles = [
+        plt.Line2D([], [], marker=m, color=c, linestyle="", label=label)
+        for label, (m, c) in (
+            ("torch.compile memory budget", styles["compile"]),
+            ("ckptplan --compile", styles["ckptplan"]),
+            ("eager (unchecked, auto, dp)", styles["eager"]),
+        )
+    ]
+    fig.legend(handles=handles, loc="lower center", ncol=3)
+    fig.suptitle("Measured peak and step time, CPU, one thread, dropout on")
+    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
+    fig.savefig(path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS))
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    # Each entry compiles the same forward with its own backend: a cache entry each.
+    torch._dynamo.config.recompile_limit = 64
+    torch._dynamo.config.accumulated_recompile_limit = 4096
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    for name in args.models:
+        path = ROOT / name
+        print(f"{path.stem}: measuring", flush=True)
+        results[path.stem] = run_model(path, args.rounds)
+        torch._dynamo.reset()
+        RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+    plot(results, RESULTS.with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    main()
