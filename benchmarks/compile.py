@@ -15,8 +15,8 @@ compiled step with the same seed draws eager's dropout masks and its gradients c
 eager's. For each entry: the peak the CPU allocator saw (``allocmeter``, which counts inductor's
 buffers too; parameters, gradients, optimizer state and batch included), the step time against
 eager and against compiled unchecked steps (medians of interleaved rounds, one process), the
-compile time (the first step's time less a steady step's), and the largest relative gradient
-error against eager (per parameter, max |g - g_eager| / max |g_eager|).
+compile time (the first step's time less a steady step's), and the largest gradient error
+against eager, absolute and relative (per parameter, max |g - g_eager| / max |g_eager|).
 
     python benchmarks/compile.py [--models gpt tests/models/hf_gpt2.py] [--rounds 5]
 
@@ -87,17 +87,19 @@ def gradients(workload: Workload, entry: Entry, inputs: Any) -> dict[str, torch.
     return grads
 
 
-def relative_error(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float:
-    errors = [
-        ((got[n] - g).abs().max() / g.abs().max().clamp_min(1e-30)).item() for n, g in want.items()
-    ]
-    return max(errors, default=0.0) if got.keys() == want.keys() else float("inf")
+def errors(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> tuple[float, float]:
+    """The largest absolute gradient difference, and the largest relative to its tensor's."""
+    if got.keys() != want.keys():
+        return float("inf"), float("inf")
+    diffs = [((got[n] - g).abs().max().item(), g.abs().max().item()) for n, g in want.items()]
+    return max(d for d, _ in diffs), max(d / max(m, 1e-30) for d, m in diffs)
 
 
 def measure(workload: Workload, entry: Entry, inputs: Any, want: dict[str, torch.Tensor]) -> None:
     """Gradients (the first call compiles), then a warm step, then the allocator's peak."""
     start = time.perf_counter()
-    entry.row["grad_rel_error"] = relative_error(gradients(workload, entry, inputs), want)
+    absolute, relative = errors(gradients(workload, entry, inputs), want)
+    entry.row.update(grad_abs_diff=absolute, grad_rel_error=relative)
     first = time.perf_counter() - start
     step(workload, entry, inputs, seed=1)
     start = time.perf_counter()

@@ -111,6 +111,12 @@ def _class_name(name: str) -> str:
     return "".join(part.capitalize() for part in name.split("_") if part)
 
 
+def _argument(base: str) -> str:
+    """The name a top-level attribute goes by as an argument: a Sequential's child ``0`` is no
+    Python identifier."""
+    return base if base.isidentifier() else f"module_{base}"
+
+
 def _inside(node: Node, modules: tuple[str, ...]) -> bool:
     stack = node.meta.get("nn_module_stack") or {}
     return any(p == m or p.startswith(m + ".") for p in stack for m in modules)
@@ -175,7 +181,7 @@ def _extract(root: torch.fx.GraphModule, region: Region) -> RegionInfo:
     root.add_submodule(name, sub)
     stack = next(n.meta["nn_module_stack"] for n in nodes if _inside(n, region.modules))
     with graph.inserting_before(list(graph.nodes)[start]):
-        state = [graph.get_attr(base) for base in bases]
+        state = [graph.create_node("get_attr", b, name=_argument(b)) for b in bases]
         target = graph.get_attr(name)
         kwargs: dict[str, Any] = {"use_reentrant": False, "preserve_rng_state": True}
         if saves is not None:
@@ -216,7 +222,7 @@ def _body(
     state = [n for n in nodes if n.op in ("call_module", "get_attr") and n.target not in regions]
     bases = list(dict.fromkeys(str(n.target).split(".")[0] for n in state))
     body = torch.fx.Graph()
-    reached = {base: body.placeholder(_identifier(base)) for base in bases}
+    reached = {base: body.placeholder(_argument(base)) for base in bases}
     env = {i: body.placeholder(i.name) for i in inputs}
     for node in nodes:
         path = str(node.target)

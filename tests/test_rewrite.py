@@ -418,3 +418,21 @@ def test_a_hugging_face_model_points_to_apply() -> None:
     layer = next(p for p, m in model.named_modules() if type(m).__name__ == "GPT2Block")
     with pytest.raises(CkptplanError, match=r"does not trace.*ckptplan\.apply"):
         ckptplan.rewrite(model, plan_for(model, [{"modules": [layer]}]))
+
+
+def test_a_sequential_root_rewrites_and_saves(tmp_path: Path) -> None:
+    """A Sequential's children are attributes ``0``, ``1``...: no Python names."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        *[torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()) for _ in range(4)]
+    )
+    plan = plan_for(model, [{"modules": ["1"]}, {"modules": ["2", "3"]}])
+    module = ckptplan.rewrite(copy.deepcopy(model), plan)
+    ckptplan.rewrite.save(module, tmp_path / "seq_ckpt.py")
+    spec = importlib.util.spec_from_file_location("seq_ckpt", tmp_path / "seq_ckpt.py")
+    written = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(written)
+    x = torch.randn(4, 8, requires_grad=True)
+    for candidate in (module, written.build_model()):
+        assert list(candidate.state_dict()) == list(model.state_dict())
+        torch.testing.assert_close(candidate(x), model(x), rtol=0, atol=0)
