@@ -21,7 +21,6 @@ Example:
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,9 +79,10 @@ def _bytes(shape: tuple[int, ...], dtype: str) -> int:
 
 def partitioning_backend(log: Partition) -> Callable[..., Any]:
     """A ``torch.compile`` backend that partitions as inductor does and runs eager kernels."""
-    from functorch.compile import min_cut_rematerialization_partition
     from torch._dynamo.backends.common import aot_autograd
-    from torch._inductor.compile_fx import select_decomp_table
+    from torch._guards import detect_fake_mode
+    from torch._inductor.compile_fx import partition_fn, select_decomp_table
+    from torch._inductor.virtualized import V
 
     def forward(graph: torch.fx.GraphModule, _: Any) -> Any:
         log.compiled_graphs += 1
@@ -92,11 +92,17 @@ def partitioning_backend(log: Partition) -> Callable[..., Any]:
         log.note_backward(graph)
         return _freeing(graph)
 
+    def partition(graph: torch.fx.GraphModule, inputs: Any, **kwargs: Any) -> Any:
+        # Inductor's own: its joint-graph passes (attention patterns fused back into one op,
+        # among others), then the min-cut partitioner; the passes read the fake mode from V.
+        with V.set_fake_mode(detect_fake_mode(inputs)):
+            return partition_fn(graph, inputs, **kwargs)
+
     return aot_autograd(
         fw_compiler=forward,
         bw_compiler=backward,
         decompositions=select_decomp_table,  # read when compiling: it follows fallback_random
-        partition_fn=functools.partial(min_cut_rematerialization_partition, compiler="inductor"),
+        partition_fn=partition,
     )
 
 
