@@ -19,7 +19,7 @@ import torch
 from ckptplan.budget import format_budget_at_least, format_bytes, parse_budget
 from ckptplan.devices import get_device
 from ckptplan.distributed import per_rank
-from ckptplan.errors import BelowLeastPeak, CkptplanError
+from ckptplan.errors import BelowLeastPeak, CkptplanError, option
 from ckptplan.hub import HubModel, is_hub_name
 from ckptplan.loading import Inputs, LiveModel, Workload, load_model_file
 from ckptplan.measure import Verification, compiled_fake_run, fake_run_peak, verify_plan
@@ -245,8 +245,8 @@ def solve(
     raise CkptplanError(
         f"the checkpointed step, run on fake tensors, needs {format_bytes(confirmed)}, over "
         f"the {format_bytes(aim)} the budget {format_bytes(budget_bytes)} leaves with every "
-        f"plan {solver} found for it; use --budget "
-        f"{format_budget_at_least(_admitting(confirmed, held_back))} or more"
+        f"plan {solver} found for it; use "
+        f"{option('budget', format_budget_at_least(_admitting(confirmed, held_back)))} or more"
     )
 
 
@@ -388,7 +388,10 @@ def _margin(percent: float | None, target: str, compiled: bool = False) -> float
     if percent is None:
         return get_device(target, compiled).margin_percent
     if not 0 <= percent < 50:
-        raise CkptplanError(f"--margin {percent:g} is not a percentage in [0, 50); e.g. --margin 2")
+        example = option("margin", 2)
+        raise CkptplanError(
+            f"{option('margin', percent)} is not a percentage in [0, 50); e.g. {example}"
+        )
     return percent
 
 
@@ -404,7 +407,7 @@ def _below_least_peak(
     return BelowLeastPeak(
         f"budget {format_bytes(budget)}{held} is below the least feasible peak "
         f"{format_bytes(least)} of {prof.model_name} with solver {solver} (scope {scope}); "
-        f"use --budget {format_budget_at_least(_admitting(least, margin))} or more",
+        f"use {option('budget', format_budget_at_least(_admitting(least, margin)))} or more",
         least,
     )
 
@@ -456,7 +459,8 @@ def _per_rank(prof: Profile, world_size: int, parallel: str | None) -> Profile:
     if parallel is None:
         if world_size != 1:
             raise CkptplanError(
-                f"--world-size {world_size} needs --fsdp or --ddp: how the ranks hold the model"
+                f"{option('world_size', world_size)} needs {option('parallel', 'fsdp')} or "
+                f"{option('parallel', 'ddp')}: how the ranks hold the model"
             )
         return prof
     return per_rank(prof, world_size, parallel)

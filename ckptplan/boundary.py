@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from ckptplan.errors import DEBUG_ENV, CkptplanError, debug_enabled
+from ckptplan.errors import DEBUG_ENV, CkptplanError, command_line, debug_enabled
 
 # 0 ok, 1 a verify check failed (verify's sys.exit(1)), then:
 EXIT_USER_ERROR, EXIT_INTERNAL_ERROR = 2, 3
@@ -144,7 +144,7 @@ class Boundary(click.Group):
     """The error boundary: whatever a command raises ends as one line and an exit status."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        with _debug_env(bool(ctx.params.get("debug"))):
+        with _debug_env(bool(ctx.params.get("debug"))), command_line():
             try:
                 return super().invoke(ctx)
             except click.UsageError as exc:  # a flag or argument click refused: one line too

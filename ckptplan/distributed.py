@@ -36,7 +36,7 @@ from types import TracebackType
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from ckptplan.errors import CkptplanError
+from ckptplan.errors import CkptplanError, option
 from ckptplan.memtrack import LiveStorageTracker, storage_key
 from ckptplan.profiler import _EVENTS, BlockProfile, Gap, Profile
 
@@ -68,7 +68,7 @@ def per_rank(profile: Profile, world_size: int, mode: str) -> Profile:
     if mode not in MODES:
         raise CkptplanError(f"unknown parallel mode {mode!r}; choose one of {', '.join(MODES)}")
     if world_size < 1:
-        raise CkptplanError(f"--world-size must be at least 1, not {world_size}")
+        raise CkptplanError(f"{option('world_size', world_size)}: it must be at least 1")
     if not profile.blocks:
         raise CkptplanError("the profile has no blocks; per-rank figures need the chain")
     rank = _FsdpRank(profile, world_size) if mode == "fsdp" else _DdpRank(profile)

@@ -2,8 +2,16 @@
 
 import os
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 DEBUG_ENV = "CKPTPLAN_DEBUG"
+
+_CLI: ContextVar[bool] = ContextVar("ckptplan_cli", default=False)
+
+_FLAGS = {"run_on": "--on"}
+"""The flag of each Python argument whose flag is not its name with dashes."""
 
 
 class CkptplanError(Exception):
@@ -19,6 +27,36 @@ class BelowLeastPeak(CkptplanError):
     def __init__(self, message: str, least_bytes: int) -> None:
         super().__init__(message)
         self.least_bytes = least_bytes
+
+
+def option(name: str, value: object = None) -> str:
+    """An option as an error message names it in the fix it gives: a Python argument for the
+    library's callers, a flag on the command line (``command_line``).
+
+    >>> option("budget", "4MiB"), option("force", True), option("parallel", "fsdp")
+    ("budget='4MiB'", 'force=True', "parallel='fsdp'")
+    >>> with command_line():
+    ...     option("budget", "4MiB"), option("force", True), option("parallel", "fsdp")
+    ('--budget 4MiB', '--force', '--fsdp')
+    """
+    if not _CLI.get():
+        return name if value is None else f"{name}={value!r}"
+    if name == "parallel" and isinstance(value, str):
+        return f"--{value}"
+    flag = _FLAGS.get(name, "--" + name.replace("_", "-"))
+    if value is None or value is True:
+        return flag
+    return f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}"
+
+
+@contextmanager
+def command_line() -> Iterator[None]:
+    """While active, error messages name flags (``option``): the CLI runs its commands here."""
+    token = _CLI.set(True)
+    try:
+        yield
+    finally:
+        _CLI.reset(token)
 
 
 def debug_enabled() -> bool:

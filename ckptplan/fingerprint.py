@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ckptplan.errors import CkptplanError
+from ckptplan.errors import CkptplanError, option
 
 
 def model_fingerprint(model: torch.nn.Module) -> dict[str, Any]:
@@ -45,5 +45,6 @@ def check_model_matches(model: torch.nn.Module, plan: Any, force: bool = False) 
         raise CkptplanError(
             f"the plan was made for another model ({plan.model}: {plan.fingerprint['class']}, "
             f"{plan.fingerprint['parameters']:,} parameters; this is {fingerprint['class']}, "
-            f"{fingerprint['parameters']:,}); re-solve for this model or pass force=True"
+            f"{fingerprint['parameters']:,}); re-solve for this model or pass "
+            f"{option('force', True)}"
         )

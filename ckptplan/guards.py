@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ckptplan.errors import CkptplanError
+from ckptplan.errors import CkptplanError, option
 from ckptplan.training import input_tensors
 
 log = logging.getLogger("ckptplan")
@@ -74,7 +74,8 @@ class BatchGuard:
         )
         message = (
             f"ckptplan: this batch has {what}, so the plan's predicted peak no longer holds; "
-            "solve again with this batch (--batch-size, or the example inputs it will run)"
+            f"solve again with this batch ({option('batch_size')}, or the example inputs it "
+            "will run)"
         )
         log.warning("%s", message)
         warnings.warn(message, BatchWarning, stacklevel=3)

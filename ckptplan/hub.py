@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ckptplan.errors import CkptplanError
+from ckptplan.errors import CkptplanError, option
 from ckptplan.loading import Inputs, default_loss
 from ckptplan.options import HUB_PREFIX, HUB_TASKS
 
@@ -79,7 +79,7 @@ class HubModel:
             raise CkptplanError("hf: names no model; e.g. hf:./my-config-folder or hf:gpt2")
         task = options.get("task")
         if task is not None and task not in TASKS:
-            raise CkptplanError(f"--task {task!r}: choose one of {', '.join(TASKS)}")
+            raise CkptplanError(f"{option('task', task)}: choose one of {', '.join(TASKS)}")
         given = {k: v for k, v in options.items() if v is not None}
         return cls(source, **given)
 
@@ -122,7 +122,8 @@ class HubModel:
             if type(self.config) in getattr(transformers, auto)._model_mapping:
                 return task
         raise CkptplanError(
-            f"{self.name}: cannot tell the task of a {type(self.config).__name__}; pass --task"
+            f"{self.name}: cannot tell the task of a {type(self.config).__name__}; pass "
+            f"{option('task')}"
         )
 
     def build(self) -> torch.nn.Module:
@@ -135,7 +136,8 @@ class HubModel:
         try:
             return auto.from_config(self.config)
         except ValueError as exc:
-            raise CkptplanError(f"{self.name}: {str(exc).splitlines()[0]}; pass --task") from None
+            reason = str(exc).splitlines()[0]
+            raise CkptplanError(f"{self.name}: {reason}; pass {option('task')}") from None
 
     def inputs(self, batch_size: int | None = None) -> Inputs:
         batch = batch_size or self.default_batch_size
@@ -155,7 +157,8 @@ class HubModel:
         )
         if limit is not None and self.seq_len > limit:
             raise CkptplanError(
-                f"--seq-len {self.seq_len} is longer than {self.name} takes ({limit} positions)"
+                f"{option('seq_len', self.seq_len)} is longer than {self.name} takes ({limit} "
+                "positions)"
             )
         ids = torch.randint(0, vocab, (batch, self.seq_len))
         if task == "sequence-classification":

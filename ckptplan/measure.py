@@ -27,7 +27,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ckptplan.allocmeter import allocator_peak
 from ckptplan.compiled import CompiledModel, Partition, partitioning_backend
 from ckptplan.devices import get_device
-from ckptplan.errors import CkptplanError, raised_by_ckptplan
+from ckptplan.errors import CkptplanError, option, raised_by_ckptplan
 from ckptplan.fakepaths import real_step_paths
 from ckptplan.gpukernels import GpuAttention
 from ckptplan.loading import Workload, build_fake, call_model
@@ -372,11 +372,13 @@ def verify_plan(
     target = run_device(device)
     kind = plan.settings.get("device", "cpu")
     if (kind == "cpu") != (target.type == "cpu") and not force:
-        where = "a CUDA GPU (--on cuda)" if kind != "cpu" else "the CPU (--on cpu)"
+        on = option("run_on", "cuda" if kind != "cpu" else "cpu")
+        where = f"a CUDA GPU ({on})" if kind != "cpu" else f"the CPU ({on})"
+        again = option("target", "cpu" if target.type == "cpu" else "h100")
         raise CkptplanError(
             f"the plan was made for {kind} and predicts that device's memory; verify it on "
-            f"{where}, solve again with --target {'cpu' if target.type == 'cpu' else 'h100'}, "
-            "or pass --force to measure it here anyway"
+            f"{where}, solve again with {again}, or pass {option('force', True)} to measure it "
+            "here anyway"
         )
     baseline_model, inputs, dtype = _baseline(model_file, plan.settings, target)
     planned_model = apply(copy.deepcopy(baseline_model), plan, force=force)

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+from ckptplan.errors import option
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 OPTIMIZERS = ("adamw", "adam", "sgd", "none")
@@ -46,8 +48,8 @@ def precision(dtype: str, autocast: str | None) -> tuple[str, str | None]:
         return dtype, autocast
     if autocast not in (None, half):
         raise ValueError(
-            f"--dtype {dtype} runs forward under autocast {half}, not {autocast}; give --dtype "
-            f"fp32 --autocast {autocast} for that"
+            f"{option('dtype', dtype)} runs forward under autocast {half}, not {autocast}; "
+            f"give {option('dtype', 'fp32')} {option('autocast', autocast)} for that"
         )
     return "fp32", half
 

@@ -42,7 +42,7 @@ from torch.utils.module_tracker import ModuleTracker
 from ckptplan.costs import OpRecord, OpRecorder, block_forward_records, replayed_count
 from ckptplan.devices import Device, get_device
 from ckptplan.enclosures import EnclosingModule, EnclosureRecorder
-from ckptplan.errors import CkptplanError, raised_by_ckptplan
+from ckptplan.errors import CkptplanError, option, raised_by_ckptplan
 from ckptplan.fakepaths import real_step_paths
 from ckptplan.fingerprint import inputs_signature, model_fingerprint
 from ckptplan.gpukernels import GpuAttention
@@ -734,12 +734,12 @@ def _assemble(
         if calls != 1:
             raise CkptplanError(
                 f"block {path} runs {calls} times in one forward; a block must run once "
-                "per step: choose other blocks with --blocks"
+                f"per step: choose other blocks with {option('blocks')}"
             )
         if f"bwd:{i}" not in phases:
             raise CkptplanError(
                 f"the output of block {path} needs no gradient, so it cannot be checkpointed; "
-                "choose other blocks with --blocks"
+                f"choose other blocks with {option('blocks')}"
             )
     base = persistent_bytes
     flops, seconds = costs.totals()

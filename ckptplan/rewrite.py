@@ -44,7 +44,7 @@ from torch.nn.modules.batchnorm import _NormBase
 from torch.utils.checkpoint import checkpoint
 
 from ckptplan.budget import format_bytes
-from ckptplan.errors import CkptplanError
+from ckptplan.errors import CkptplanError, option
 from ckptplan.fingerprint import check_model_matches
 from ckptplan.loading import load_model_file
 from ckptplan.plan import Plan, Region, as_plan
@@ -170,7 +170,7 @@ def _extract(root: torch.fx.GraphModule, region: Region) -> RegionInfo:
     if any(k < start for k in users):
         raise CkptplanError(
             f"region {label} is interleaved with code outside it in the traced forward, so it "
-            "cannot run as one checkpoint; re-solve with --max-segment 1"
+            f"cannot run as one checkpoint; re-solve with {option('max_segment', 1)}"
         )
     body, bases = _body(root, nodes, inputs, outputs, {r.name for r in nested})
     sub = torch.fx.GraphModule(

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from ckptplan.errors import CkptplanError
+from ckptplan.errors import CkptplanError, option
 from ckptplan.plan import Region
 
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential)
@@ -144,14 +144,16 @@ def find_units(
     if pattern is not None:
         ran = [path for path in watched if path in calls]
         if not ran:
-            raise CkptplanError(f"--blocks {pattern!r} matches modules the forward never calls")
+            raise CkptplanError(
+                f"{option('blocks', pattern)} matches modules the forward never calls"
+            )
         return [(path, modules[path]) for path in sorted(ran, key=lambda p: calls[p].order)]
     chosen = _select("", modules, calls)
     if not chosen:
         raise CkptplanError(
             f"{type(model).__name__} has no nn.ModuleList or nn.Sequential of repeated blocks "
-            "whose outputs need a gradient; name the blocks with --blocks, e.g. --blocks "
-            f"'{example_paths(model)}'"
+            "whose outputs need a gradient; name the blocks with "
+            f"{option('blocks')}, e.g. {option('blocks', example_paths(model))}"
         )
     return [(path, modules[path]) for path in sorted(chosen, key=lambda p: calls[p].order)]
 
@@ -162,7 +164,7 @@ def _matching(modules: dict[str, torch.nn.Module], pattern: str) -> dict[str, to
     outermost = [p for p in found if not any(p.startswith(other + ".") for other in found)]
     if not outermost:
         raise CkptplanError(
-            f"--blocks {pattern!r} matches no module; module paths look like "
+            f"{option('blocks', pattern)} matches no module; module paths look like "
             f"{example_paths_of(modules)}"
         )
     return {p: modules[p] for p in outermost}

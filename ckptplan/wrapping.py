@@ -46,7 +46,7 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-from ckptplan.errors import CkptplanError
+from ckptplan.errors import CkptplanError, option
 from ckptplan.fingerprint import check_model_matches
 from ckptplan.gpukernels import GPU_ONLY_OPS, GpuAttention, emulated, runs_gpu_kernels
 from ckptplan.guards import BatchGuard, hf_checkpointing_layers, refuse_second_checkpointing
@@ -250,7 +250,8 @@ class _RegionRun:
         if self.gpu_only and x is not None and not runs_gpu_kernels(x):
             raise CkptplanError(
                 f"the plan was made for a GPU: region {self.name} keeps {self.gpu_only[0]}, "
-                f"which {x.device.type} never runs; solve again with --target {x.device.type}"
+                f"which {x.device.type} never runs; solve again with "
+                f"{option('target', x.device.type)}"
             )
 
     def _checkpoint(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
@@ -304,7 +305,8 @@ class _RegionRun:
             self.pending = []
             raise RuntimeError(
                 f"ckptplan: {self.paths[index]} ran without {self.paths[index - 1]} just before "
-                "it, but the plan checkpoints them as one region; re-solve with --max-segment 1"
+                "it, but the plan checkpoints them as one region; re-solve with "
+                f"{option('max_segment', 1)}"
             )
         received = first_tensor(args) if args else first_tensor(kwargs)
         if received is not self.expected:
@@ -312,7 +314,7 @@ class _RegionRun:
             raise RuntimeError(
                 f"ckptplan: {self.paths[index]} did not receive the output of "
                 f"{self.paths[index - 1]}, so they cannot share a checkpoint region; re-solve "
-                "with --max-segment 1"
+                f"with {option('max_segment', 1)}"
             )
         out = self.pending.pop(0)
         self.expected = first_tensor(out) if self.pending else None

@@ -140,7 +140,7 @@ def test_an_unreachable_compiled_budget_names_the_least_that_fits(
     model_and_batch: tuple[nn.Module, torch.Tensor],
 ) -> None:
     model, batch = model_and_batch
-    with pytest.raises(ckptplan.CkptplanError, match=r"use --budget \S+ or more"):
+    with pytest.raises(ckptplan.CkptplanError, match=r"use budget='\S+' or more"):
         solve(model, batch, "5%")
 
 

@@ -193,7 +193,7 @@ def test_solve_makes_a_per_rank_plan(profile) -> None:
     )
     assert (plan.settings["world_size"], plan.settings["parallel"]) == (WORLD, "fsdp")
     assert plan.budget["bytes"] == per_rank(profile, WORLD, "fsdp").peak_bytes
-    with pytest.raises(CkptplanError, match="needs --fsdp or --ddp"):
+    with pytest.raises(CkptplanError, match="needs parallel='fsdp' or parallel='ddp'"):
         ckptplan.solve(MODELS / "tiny_gpt.py", budget="1.0", batch_size=BATCH, world_size=WORLD)
     with pytest.raises(CkptplanError, match="verify it where it runs"):
         ckptplan.verify(MODELS / "tiny_gpt.py", plan)

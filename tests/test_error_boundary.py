@@ -164,3 +164,16 @@ def test_end_to_end_internal_error_in_a_real_process(tmp_path):
         r"rerun with --debug for the traceback",
         line,
     ), done.stderr
+
+
+def test_the_library_names_arguments_where_the_cli_names_flags() -> None:
+    """One error, two voices: the fix a Python caller can type, and the flag on the CLI."""
+    model = ROOT / "tests" / "models" / "tiny_gpt.py"
+    with pytest.raises(CkptplanError, match=r"^margin=80 is not a percentage.*e\.g\. margin=2$"):
+        ckptplan.api.solve(model, budget="1.0", margin=80, batch_size=2)
+    result = CliRunner().invoke(
+        cli, ["solve", str(model), "--budget", "1.0", "--margin", "80", "--batch-size", "2"]
+    )
+    assert result.exit_code == 2
+    assert "error: --margin 80 is not a percentage" in result.output
+    assert "e.g. --margin 2" in result.output

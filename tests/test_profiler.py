@@ -80,7 +80,7 @@ def test_a_model_without_repeated_blocks(write_model) -> None:
         "import torch\ndef build_model():\n    return torch.nn.Linear(4, 4)\n"
         "def example_inputs(batch_size=2):\n    return (torch.randn(batch_size, 4),)\n"
     )
-    with pytest.raises(CkptplanError, match="--blocks"):
+    with pytest.raises(CkptplanError, match=r"name the blocks with blocks, e\.g\. blocks="):
         profile_model(load_model_file(path), Settings())
 
 
