@@ -21,7 +21,7 @@ def gpt_bounds() -> tuple[int, int]:
 @pytest.mark.parametrize(
     "position",
     [
-        0.02,
+        pytest.param(0.02, marks=pytest.mark.slow),
         pytest.param(0.25, marks=pytest.mark.slow),
         0.5,
         pytest.param(0.75, marks=pytest.mark.slow),

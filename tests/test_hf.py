@@ -73,7 +73,9 @@ def test_profile_finds_the_layers(name: str) -> None:
     assert tuple(b.path for b in profile.blocks) == layer_paths(name)
 
 
-@pytest.mark.parametrize("position", POSITIONS)
+@pytest.mark.parametrize(
+    "position", [POSITIONS[0], pytest.param(POSITIONS[1], marks=pytest.mark.slow)]
+)
 @pytest.mark.parametrize("name", NAMES)
 def test_plans_fit_their_budget_and_keep_gradients(name: str, position: float) -> None:
     budget, plan = budget_and_plan(name, position)

@@ -358,8 +358,8 @@ def random_layered(n: int, seed: int, *, training: bool) -> RematProblem:
         (200, 1, False, 0.9, 5),
         (100, 2, True, 0.8, 5),
         (300, 1, True, 0.8, 5),
-        (1000, 1, True, 0.9, 20),
-        (1000, 2, True, 0.7, 20),
+        pytest.param(1000, 1, True, 0.9, 20, marks=pytest.mark.slow),
+        pytest.param(1000, 2, True, 0.7, 20, marks=pytest.mark.slow),
     ],
 )
 def test_random_layered_dags_get_valid_schedules(
