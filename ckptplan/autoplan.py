@@ -33,7 +33,7 @@ from ckptplan import __version__, api
 from ckptplan.budget import parse_budget
 from ckptplan.errors import CkptplanError
 from ckptplan.fingerprint import inputs_signature, model_fingerprint
-from ckptplan.loading import Inputs
+from ckptplan.loading import Inputs, as_inputs
 from ckptplan.plan import Plan
 from ckptplan.training import dtype_name
 from ckptplan.wrapping import apply as apply_plan
@@ -139,16 +139,7 @@ def _inputs(example_inputs: Inputs | torch.Tensor | None) -> Inputs:
             "ckptplan.apply(budget=...) needs example_inputs=, the args (a tuple) or kwargs "
             "(a dict) of forward for one training batch, to profile the step it solves for"
         )
-    if isinstance(example_inputs, torch.Tensor):
-        return (example_inputs,)
-    if isinstance(example_inputs, list):
-        return tuple(example_inputs)
-    if not isinstance(example_inputs, tuple | dict):
-        raise CkptplanError(
-            f"example_inputs= is of type {type(example_inputs).__name__}; pass a tensor, a tuple "
-            "of forward's positional arguments or a dict of its keyword arguments"
-        )
-    return example_inputs
+    return as_inputs(example_inputs, "example_inputs= is of type")
 
 
 def _check(budget: str | int | float, options: dict[str, Any]) -> None:

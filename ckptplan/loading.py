@@ -71,16 +71,7 @@ class ModelFile:
     def inputs(self, batch_size: int | None = None) -> Inputs:
         args = () if batch_size is None else (batch_size,)
         inputs = _call(self, "example_inputs", *args)
-        if isinstance(inputs, torch.Tensor):
-            return (inputs,)
-        if isinstance(inputs, list):
-            return tuple(inputs)
-        if not isinstance(inputs, tuple | dict):
-            raise CkptplanError(
-                f"example_inputs() in {self.name} returned {type(inputs).__name__}; it must "
-                "return a tuple of positional arguments or a dict of keyword arguments of forward"
-            )
-        return inputs
+        return as_inputs(inputs, f"example_inputs() in {self.name} returned")
 
     def loss(self, output: Any) -> torch.Tensor:
         if hasattr(self.module, "loss_fn"):
@@ -173,6 +164,22 @@ class _ValuesReadAsZero(TorchDispatchMode):
         if func is torch.ops.aten._local_scalar_dense.default:
             return False if args[0].dtype == torch.bool else 0
         return func(*args, **(kwargs or {}))
+
+
+def as_inputs(value: object, source: str) -> Inputs:
+    """``value`` as the inputs of forward: a tensor is its one positional argument, a list its
+    positional arguments. Anything else but a tuple or a dict is refused in one line that
+    starts with ``source`` ("example_inputs() in model.py returned")."""
+    if isinstance(value, torch.Tensor):
+        return (value,)
+    if isinstance(value, list):
+        return tuple(value)
+    if not isinstance(value, tuple | dict):
+        raise CkptplanError(
+            f"{source} {type(value).__name__}; pass a tensor, a tuple of forward's positional "
+            "arguments or a dict of its keyword arguments"
+        )
+    return value
 
 
 def build_fake(workload: Workload) -> torch.nn.Module:

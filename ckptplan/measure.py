@@ -555,9 +555,9 @@ def fake_run_peak(model_file: Workload, plan: Plan) -> int:
         return _checkpointed_step_peak(model_file, plan, real=True)
 
 
-def compiled_fake_run(model_file: Workload, plan: Plan | None) -> tuple[int, Partition]:
-    """The step peak of ``torch.compile`` after ``apply(model, plan)`` (no plan: the unchecked
-    model), and the partition it made, on fake tensors: inductor's decompositions and
+def compiled_fake_run(model_file: Workload, plan: Plan) -> tuple[int, Partition]:
+    """The step peak of ``torch.compile`` after ``apply(model, plan)`` (a plan of no regions:
+    the unchecked model), and the partition it made, on fake tensors: inductor's decompositions and
     partitioner with eager kernels (``ckptplan.compiled``).
 
     Dynamo's caches are reset before and after: each fake model is a new module to guard on,
@@ -574,22 +574,21 @@ def compiled_fake_run(model_file: Workload, plan: Plan | None) -> tuple[int, Par
 
 def _checkpointed_step_peak(
     model_file: Workload,
-    plan: Plan | None,
+    plan: Plan,
     real: bool,
     compiled: Partition | None = None,
 ) -> int:
     """The plan's step peak on fake tensors, or for a step fake tensors cannot run (token
     routing) a real one on this machine's CPU, as the profile then took. With ``compiled``,
     the step runs ``torch.compile``d, its partition written there."""
-    settings = plan.settings if plan is not None else {}
+    settings = plan.settings
     dtype = parse_dtype(settings.get("dtype", "fp32"))
     with nullcontext() if real else FakeTensorMode(allow_non_fake_inputs=True):
         torch.manual_seed(0)
         model = model_file.build() if real else build_fake(model_file)
         inputs, _ = training_conventions(model, model_file.inputs(settings.get("batch_size")))
         model = cast_model(model, dtype).train()
-        if plan is not None and plan.regions:
-            apply(model, plan, force=True)
+        apply(model, plan, force=True)
         inputs = cast_floating(inputs, dtype)
         optimizer = make_optimizer(settings.get("optimizer", "adamw"), model)
         if compiled is not None:
