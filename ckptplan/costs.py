@@ -147,6 +147,11 @@ def _is_random(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool
     return True
 
 
+def _module_order(path: str) -> tuple[int, tuple[tuple[int, int | str], ...]]:
+    parts = path.split(".")
+    return len(parts), tuple((0, int(p)) if p.isdigit() else (1, p) for p in parts)
+
+
 class OpRecorder(TorchDispatchMode):
     """Records every aten op with its phase (set by the caller's hooks) and module path."""
 
@@ -162,8 +167,11 @@ class OpRecorder(TorchDispatchMode):
         """Storage key -> index of the latest record that wrote it (made it or in place)."""
 
     def _module_path(self) -> str:
+        """The innermost module running (in backward several may be): the deepest, ties going
+        to the one that comes later in the model (``layers.10`` after ``layers.9``), so that
+        equal steps name equal modules whatever order the tracker's set holds them in."""
         names = [p for p in self.modules.parents if p != "Global"]
-        innermost = max(names, key=len, default="")
+        innermost = max(names, key=_module_order, default="")
         return innermost.split(".", 1)[1] if "." in innermost else ""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -278,9 +286,14 @@ class OpRecorder(TorchDispatchMode):
 
     def totals(self) -> tuple[dict[str, float], dict[str, float]]:
         """FLOPs and time per phase."""
-        flops: dict[str, float] = defaultdict(float)
-        seconds: dict[str, float] = defaultdict(float)
-        for r in self.records:
-            flops[r.phase] += r.flops
-            seconds[r.phase] += r.time
-        return flops, seconds
+        return phase_totals(self.records)
+
+
+def phase_totals(records: Sequence[OpRecord]) -> tuple[dict[str, float], dict[str, float]]:
+    """FLOPs and time per phase, summed in record order (so equal records give equal sums)."""
+    flops: dict[str, float] = defaultdict(float)
+    seconds: dict[str, float] = defaultdict(float)
+    for r in records:
+        flops[r.phase] += r.flops
+        seconds[r.phase] += r.time
+    return flops, seconds

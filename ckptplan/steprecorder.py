@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from torch.autograd.graph import register_multi_grad_hook
+from torch.nn.modules.module import register_module_forward_hook
 from torch.utils import _pytree as pytree
 from torch.utils.module_tracker import ModuleTracker
 
@@ -30,16 +31,29 @@ class QuietModuleTracker(ModuleTracker):
     exist, buffering the first ones until the last arrives: the U-Net decoder's input gradient
     waited for its skip's, 7.5 MiB more live through the encoder's backward than a plain step.
     Here the first input gradient ends the module's backward (``mode="any"``).
+
+    torch's tracker also watches only positional inputs: a module called with its input as a
+    keyword (Hugging Face's ``self_attn(hidden_states=...)``) never left backward, so every
+    later backward op was named after the deepest such module of any later block. Here the
+    inputs are watched when the forward returns, keywords included (a hook on a tensor keeps
+    neither it nor its gradient).
     """
 
-    def _fw_pre_hook(self, mod: torch.nn.Module, input: Any) -> None:
-        name = self._get_mod_name(mod)
-        self._get_append_fn(name, False)()
-        self._watch(input, self._get_pop_fn(name, True))
+    def __enter__(self) -> QuietModuleTracker:
+        super().__enter__()
+        self._fw_post_handle.remove()
+        self._fw_post_handle = register_module_forward_hook(self._fw_post_hook, with_kwargs=True)
+        return self
 
-    def _fw_post_hook(self, mod: torch.nn.Module, input: Any, output: Any) -> None:
+    def _fw_pre_hook(self, mod: torch.nn.Module, input: Any) -> None:
+        self._get_append_fn(self._get_mod_name(mod), False)()
+
+    def _fw_post_hook(  # type: ignore[override]
+        self, mod: torch.nn.Module, input: Any, kwargs: Any, output: Any
+    ) -> None:
         name = self._get_mod_name(mod)
         self._get_pop_fn(name, False)()
+        self._watch((input, kwargs), self._get_pop_fn(name, True))
         self._watch(output, self._get_append_fn(name, True))
 
     def _watch(self, tree: Any, fn: Any) -> None:
