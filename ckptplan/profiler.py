@@ -19,7 +19,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ from torch.utils.checkpoint import (
 
 from ckptplan.costs import OpRecord, OpRecorder, block_forward_records, replayed_count
 from ckptplan.devices import Device, get_device
-from ckptplan.enclosures import EnclosingModule, EnclosureRecorder
+from ckptplan.enclosures import EnclosureRecorder
 from ckptplan.errors import CkptplanError, option, raised_by_ckptplan
 from ckptplan.fakepaths import real_step_paths
 from ckptplan.fingerprint import inputs_signature, model_fingerprint
@@ -51,6 +51,8 @@ from ckptplan.memtrack import (
     keep_freed_host_memory,
     storage_bytes,
 )
+from ckptplan.profile_types import _EVENTS, BlockProfile, Gap, Profile, Settings
+from ckptplan.replicate import MIN_RUN, CallSignatures, Run, find_runs, replicated
 from ckptplan.steprecorder import QuietModuleTracker as _ModuleTracker
 from ckptplan.steprecorder import StepRecorder
 from ckptplan.training import (
@@ -73,159 +75,21 @@ MEASURED_STEPS = 3
 POLICY_PAIRS = 5
 """Back-to-back pairs of steps (plain checkpoint, recompute-all policy) that time a policy."""
 
-_EVENTS = {
-    "fwd:pre": "forward before the blocks",
-    "fwd:post": "forward after the blocks (head, loss)",
-    "bwd:post": "backward after the blocks (head, loss)",
-    "bwd:pre": "backward before the blocks",
-    "opt": "optimizer step",
-}
 
-
-@dataclass(frozen=True)
-class Settings:
-    """What the profile was made for; a plan records it."""
-
-    batch_size: int | None = None
-    optimizer: str = "adamw"
-    dtype: str = "fp32"
-    device: str = "cpu"
-    blocks: str | None = None
-    autocast: str | None = None
-    measure: bool = False
-    """Time every op on the local device (a real step) instead of the roofline estimate."""
-    compiled: bool = False
-    """The step runs under ``torch.compile``: priced fused, its peak taken from the partition
-    AOTAutograd makes (``ckptplan.compiled``)."""
-
-
-@dataclass(frozen=True)
-class Gap:
-    """The code between a block and the next when the next does not take the block's output
-    (a stage's downsampling, a second tower's embedding): absolute live bytes of its forward
-    and backward peaks, and the gradient bytes present when its backward starts."""
-
-    fwd_peak: int
-    bwd_peak: int | None
-    bwd_grads: int = 0
-    """What an activations budget takes off ``bwd_peak`` (see ``BlockProfile``)."""
-    fwd_start: int = 0
-    bwd_start: int | None = None
-    bwd_start_grads: int = 0
-    """What an activations budget takes off ``bwd_start``."""
-    saved_bytes: int = 0
-    """Bytes its own ops save for backward (made in the gap; its input and output excluded):
-    what checkpointing an enclosing module whole drops from forward."""
-    fwd_time: float = 0.0
-
-
-@dataclass(frozen=True)
-class BlockProfile:
-    """One block of the chain, measured on the unchecked step (bytes are absolute live bytes)."""
-
-    path: str
-    class_name: str
-    input_bytes: int
-    output_bytes: int
-    saved_bytes: int
-    input_kept: bool
-    joins_previous: bool
-    parameter_bytes: int
-    fwd_start: int
-    fwd_peak: int
-    fwd_peak_nograd: int
-    bwd_start: int
-    bwd_peak: int
-    grads_at_bwd_end: int
-    flops_fwd: float
-    flops_bwd: float
-    time_fwd: float
-    time_bwd: float
-    random: bool = False
-    """Its forward draws random numbers (dropout): recompute must replay the RNG state."""
-    stateful: bool = False
-    """It updates buffers in training (BatchNorm running stats): recompute updates them twice."""
-    own_output_bytes: int = 0
-    """Bytes of the output that only the block's own backward keeps (a final ReLU saves its
-    result): alive at ``bwd_start`` of the unchecked step, but dropped by a checkpointed block,
-    whose recomputation makes it again."""
-    gap: Gap | None = None
-    """The code that runs after this block and before the next, if any."""
-    grads_at_bwd_start: int = 0
-    """Gradient bytes present when its backward starts: an activations budget takes these off
-    ``bwd_start`` (the block's own appear during its backward)."""
-    grads_at_bwd_peak: int = 0
-    """``bwd_peak`` minus the backward's peak of activations alone (gradients excluded from
-    the moment each is accumulated): what an activations budget takes off ``bwd_peak``."""
-    trainable_bytes: int | None = None
-    """Bytes of its parameters that get gradients (frozen ones, as under LoRA, get none);
-    None: all of them."""
-    replay_peak: int | None = None
-    """The forward's peak up to its last op that saves a tensor, where the recomputation of a
-    region ending with this block stops; None: ``fwd_peak``."""
-
-    @property
-    def gradient_bytes(self) -> int:
-        return self.parameter_bytes if self.trainable_bytes is None else self.trainable_bytes
-
-
-@dataclass(frozen=True)
-class Profile:
-    """A model's training step, as the solvers see it."""
-
-    model_name: str
-    fingerprint: dict[str, Any]
-    inputs: Any
-    settings: Settings
-    blocks: tuple[BlockProfile, ...]
-    parameter_bytes: int
-    optimizer_bytes: int
-    input_bytes: int
-    persistent_bytes: int
-    peak_bytes: int
-    tail_peaks: tuple[tuple[int, str], ...]
-    fixed_peaks: tuple[tuple[int, str], ...]
-    step_time: float
-    flops: float
-    phases: tuple[tuple[str, int, int], ...] = field(default=())
-    """The timeline: (label, live bytes at start, peak) per phase."""
-    ops: tuple[OpRecord, ...] = field(default=(), repr=False)
-    """Every aten op of the step, forward and backward, in execution order."""
-    policy_op_time: float = 0.0
-    """Seconds a selective-checkpoint policy adds per op call it sees (its dispatch modes see
-    each op of a policied block in forward, and again in recompute)."""
-    modules: tuple[tuple[str, str, int], ...] = field(default=(), repr=False)
-    """(path, class name, parameter count) of every module, in definition order."""
-    notes: tuple[str, ...] = ()
-    """What the profiled step does differently from the model's defaults, and why."""
-
-    trainable_bytes: int | None = None
-    """Bytes of the parameters that get gradients and optimizer state; None: all of them."""
-    event_grads: tuple[tuple[str, int], ...] = ()
-    """(event, what an activations budget takes off its peak) of the events outside the
-    blocks."""
-    enclosures: tuple[EnclosingModule, ...] = ()
-    """Modules around runs of blocks that may be checkpointed whole, nested (a stage)."""
-    region_state_bytes: int = 0
-    """Bytes each checkpointed region keeps outside aten dispatch in the device's memory: the
-    CPU RNG state that ``preserve_rng_state`` stashes, when the device is the CPU (on a GPU it
-    lies in host memory, and the GPU's own RNG state is a few bytes kept on the host too)."""
-
-    @property
-    def gradient_bytes(self) -> int:
-        return self.parameter_bytes if self.trainable_bytes is None else self.trainable_bytes
-
-
-def profile_model(model_file: Workload, settings: Settings) -> Profile:
+def profile_model(
+    model_file: Workload, settings: Settings, min_run: int | None = MIN_RUN
+) -> Profile:
     """Profile one training step of the model file's model, allocating nothing.
 
-    An exception raised by the model's own code becomes a one-line error naming its line.
+    A run of at least ``min_run`` identical blocks is traced short and extrapolated exactly
+    (``ckptplan.replicate``); None traces every block. An exception raised by the model's own
+    code becomes a one-line error naming its line.
     """
     fake_tensor_log = logging.getLogger("torch._subclasses.fake_tensor")
     level = fake_tensor_log.level
     fake_tensor_log.setLevel(logging.CRITICAL)
     try:
-        return _profile(model_file, settings)
+        return _profile(model_file, settings, min_run)
     except CkptplanError:
         raise
     except Exception as exc:
@@ -255,12 +119,12 @@ class _FakeStepFailed(Exception):
         return f"fake tensors cannot run it ({describe_exception(self.cause, file)})"
 
 
-def _profile(model_file: Workload, settings: Settings) -> Profile:
+def _profile(model_file: Workload, settings: Settings, min_run: int | None) -> Profile:
     """The fake step, or a real one on this machine when fake tensors cannot run the step
     (the token routing of a mixture of experts, ``nonzero``) and the model fits here. A real
     step that fails too is reported as the model's error."""
     try:
-        return _profile_step(model_file, settings, real=False)
+        return _profile_step(model_file, settings, real=False, min_run=min_run)
     except _FakeStepFailed as failed:
         file = getattr(model_file, "path", None)
         if not fits_real_step(failed.parameter_bytes):
@@ -269,7 +133,7 @@ def _profile(model_file: Workload, settings: Settings) -> Profile:
                 f"and it is too large for a real step here ({failed.parameter_bytes / 2**30:.1f}"
                 " GiB of parameters): profile a smaller configuration of it"
             ) from None
-        profile = _profile_step(model_file, settings, real=True)
+        profile = _profile_step(model_file, settings, real=True, min_run=None)
         note = (
             f"profiled with a real step on this machine: {failed.reason(file)}; sizes that "
             "depend on values (e.g. tokens per expert) are those this batch and these weights give"
@@ -277,7 +141,9 @@ def _profile(model_file: Workload, settings: Settings) -> Profile:
         return replace(profile, notes=(*profile.notes, note))
 
 
-def _profile_step(model_file: Workload, settings: Settings, real: bool) -> Profile:
+def _profile_step(
+    model_file: Workload, settings: Settings, real: bool, min_run: int | None
+) -> Profile:
     device = get_device(settings.device, settings.compiled)
     dtype = parse_dtype(settings.dtype)
     with (
@@ -292,20 +158,28 @@ def _profile_step(model_file: Workload, settings: Settings, real: bool) -> Profi
         if device.host_bandwidth and not real:  # a GPU's attention kernels (see gpukernels)
             paths.enter_context(GpuAttention())
         optimizer = make_optimizer(settings.optimizer, model)
+        signatures = CallSignatures(model)
         try:
-            blocks = find_units(
-                model,
-                lambda: _plain_step(model_file, model, inputs, optimizer, settings.autocast),
-                settings.blocks,
-            )
-            persistent = persistent_tensors(model, optimizer, inputs)
-            ops = OpRecorder(device, _ModuleTracker())
-            recorder = _instrumented_step(
-                model_file, model, inputs, optimizer, blocks, ops, settings.autocast
-            )
-            nograd = _nograd_transients(
-                model, inputs, blocks, persistent, settings.autocast, device
-            )
+            with signatures.recording():
+                blocks = find_units(
+                    model,
+                    lambda: _plain_step(model_file, model, inputs, optimizer, settings.autocast),
+                    settings.blocks,
+                )
+            step = functools.partial(_traced, model_file, model, inputs, optimizer, device)
+            if not (real or settings.measure or min_run is None):
+                runs = find_runs(model, blocks, signatures, min_run)
+                del signatures
+                if runs:
+                    replicated_profile, note = _replicated(
+                        model_file, model, inputs, optimizer, blocks, runs, step, settings
+                    )
+                    if replicated_profile is not None:
+                        return replace(
+                            replicated_profile, notes=(*notes, *replicated_profile.notes)
+                        )
+                    notes = (*notes, note)
+            recorder, ops, nograd, persistent_bytes = step(settings.autocast, blocks)
         except CkptplanError:
             raise
         except Exception as exc:
@@ -325,11 +199,66 @@ def _profile_step(model_file: Workload, settings: Settings, real: bool) -> Profi
         recorder,
         ops,
         nograd,
-        storage_bytes(persistent),
+        persistent_bytes,
         optimizer,
         policy_op_time,
     )
     return replace(profile, notes=notes)
+
+
+def _traced(
+    model_file: Workload,
+    model: torch.nn.Module,
+    inputs: Any,
+    optimizer: torch.optim.Optimizer | None,
+    device: Device,
+    autocast: str | None,
+    blocks: list[tuple[str, torch.nn.Module]],
+) -> tuple[StepRecorder, OpRecorder, list[int], int]:
+    """The instrumented step and the ``no_grad`` forward over ``blocks``, and the bytes that
+    live across steps."""
+    persistent = persistent_tensors(model, optimizer, inputs)
+    ops = OpRecorder(device, _ModuleTracker())
+    recorder = _instrumented_step(model_file, model, inputs, optimizer, blocks, ops, autocast)
+    nograd = _nograd_transients(model, inputs, blocks, persistent, autocast, device)
+    return recorder, ops, nograd, storage_bytes(persistent)
+
+
+def _replicated(
+    model_file: Workload,
+    model: torch.nn.Module,
+    inputs: Any,
+    optimizer: torch.optim.Optimizer | None,
+    blocks: list[tuple[str, torch.nn.Module]],
+    runs: list[Run],
+    step: Callable[..., tuple[StepRecorder, OpRecorder, list[int], int]],
+    settings: Settings,
+) -> tuple[Profile | None, str]:
+    """The profile with the longest run of identical blocks priced once, or None and why
+    not (the model is then traced whole)."""
+    device = get_device(settings.device, settings.compiled)
+
+    def trace(chain: list[tuple[str, torch.nn.Module]]) -> Profile:
+        recorder, ops, nograd, persistent_bytes = step(settings.autocast, chain)
+        return _assemble(
+            model_file,
+            model,
+            inputs,
+            settings,
+            chain,
+            recorder,
+            ops,
+            nograd,
+            persistent_bytes,
+            optimizer,
+            device.policy_op_time,
+        )
+
+    try:
+        return replicated(model, optimizer, blocks, max(runs, key=lambda r: r.length), trace), ""
+    except Exception as exc:  # any failure of the short traces: trace the whole model instead
+        _drop_gradients(model, optimizer)
+        return None, f"repeated blocks were traced one by one: {exc}"
 
 
 def _prepared(
