@@ -87,7 +87,8 @@ class ChainBlock:
     blocks before it lowers them by their savings."""
 
 
-def _replayed_peak(block: ChainBlock) -> int:
+def replayed_peak(block: ChainBlock) -> int:
+    """Live bytes at the forward's peak up to its last op that saves a tensor."""
     return block.fwd_peak if block.replay_peak is None else block.replay_peak
 
 
@@ -232,7 +233,7 @@ def run_terms(
         events.append((forward + outputs_held + held_input, f"forward of {b.name}"))
         # A later member's input is the output its predecessor just recomputed.
         recompute_live = last.bwd_start - total - dropped + restored + (b.input_bytes if i else 0)
-        peak = b.fwd_peak if b is not last or final else _replayed_peak(b)
+        peak = b.fwd_peak if b is not last or final else replayed_peak(b)
         transient = peak - b.fwd_start - kept[i]
         replay = chain.region_bytes  # the state the recomputation saves while it replays
         events.append((recompute_live + transient + held + replay, f"recompute of {b.name}"))
@@ -289,7 +290,7 @@ def nested_terms(chain: Chain, index: int) -> RunTerms:
     singles = [block_saving(b, True) for b in blocks]
     for i, b in enumerate(blocks):
         before = sum(singles[:i])
-        own = b.bwd_start - singles[i] - b.own_output_bytes + _replayed_peak(b) - b.fwd_start
+        own = b.bwd_start - singles[i] - b.own_output_bytes + replayed_peak(b) - b.fwd_start
         events.append((own - before + chain.region_bytes, f"recompute of {b.name}"))
         held = 0 if b.input_kept else b.input_bytes
         events.append((b.bwd_peak + held - before, f"backward of {b.name}"))
