@@ -6,7 +6,9 @@ the gradients present at each event are taken out of every figure.
 
 Each block may also carry a menu of selective policies (which op outputs to keep, and on a
 device with a host link which to offload, when it is checkpointed), the Pareto frontier of an
-exact knapsack over its forward ops. Repeated blocks (same ops, same sizes) are solved once.
+knapsack over its forward ops. Repeated blocks (alike in every figure the menu is made of)
+are solved once: the menus cost O(d * k * P) for d distinct blocks of k ops and knapsack
+frontiers of P points (``ckptplan.solvers.selective.frontier``), not O(n * k * P).
 """
 
 from __future__ import annotations
@@ -27,6 +29,12 @@ MENU_POINTS = 16
 """Selective options per block: enough to span the frontier (on the small GPT of
 ``benchmarks/ilp_gap.py`` within 0.0-0.8% of the whole frontier's cost; 8 lost up to 1.3%),
 few enough for the chain DP (Llama-2-7B solves in 22 s on one core, 15 s with 8)."""
+
+MENU_TOLERANCE = 0.02
+"""Recompute time a block's frontier may lose while built, as a share of recomputing it all:
+exact up to ``EXACT_POINTS`` points (Note [thinning the knapsack as it is built] in
+``ckptplan.solvers.selective``); a Swin stage taken whole (299 ops) then takes seconds, not
+the quarter of an hour of its exact frontier. The menu's ``MENU_POINTS`` are drawn from it."""
 
 
 def to_chain(
@@ -263,7 +271,7 @@ def _menu(
     ]
     options: dict[tuple[tuple[str, ...], tuple[str, ...]], Selection] = {}
     for ends, items in ((True, ending), (False, save_items(ops, None, offload_time))):
-        for selection in frontier(items, points):
+        for selection in frontier(items, points, MENU_TOLERANCE):
             if not (selection.saved or selection.offloaded):
                 continue
             time = selection.recompute_time + always[ends]
@@ -305,6 +313,26 @@ def region_policy(
     return {key: names for key, names in policy.items() if names or key == "save"}
 
 
+def _priced(block: BlockProfile, ops: list[OpRecord]) -> tuple[object, ...]:
+    """Everything a block's menu is made of: blocks alike in it (repeated layers) share one."""
+    return (
+        block.class_name,
+        block.output_bytes,
+        *(
+            (
+                o.op,
+                o.output_bytes,
+                o.saved_bytes,
+                round(o.time, 12),
+                o.random,
+                o.inplace,
+                o.mutated_later,
+            )
+            for o in ops
+        ),
+    )
+
+
 def selective_menus(profile: Profile, points: int = MENU_POINTS) -> list[list[Selection]]:
     """Per block, the selective options worth offering (keeping and offloading nothing is plain
     checkpoint). Offload is priced by the host link of the profile's ``--device``."""
@@ -312,7 +340,7 @@ def selective_menus(profile: Profile, points: int = MENU_POINTS) -> list[list[Se
     cache: dict[tuple[object, ...], list[Selection]] = {}
     menus = []
     for block, ops in zip(profile.blocks, block_forward_ops(profile), strict=True):
-        signature = (block.class_name, *((o.op, o.output_bytes, round(o.time, 12)) for o in ops))
+        signature = _priced(block, ops)
         if signature not in cache:
             cache[signature] = _menu(
                 block, ops, points, device.offload_time, profile.policy_op_time

@@ -60,13 +60,27 @@ class Selection:
     offloaded_bytes: int = 0
 
 
-def frontier(items: Sequence[SaveItem], max_points: int | None = None) -> list[Selection]:
+EXACT_POINTS = 4096
+"""Frontiers up to this many points are kept exact while they are built."""
+
+
+def frontier(
+    items: Sequence[SaveItem], max_points: int | None = None, tolerance: float = 0.0
+) -> list[Selection]:
     """Every Pareto-optimal selection, from keeping nothing to keeping everything useful.
 
-    ``max_points`` thins the frontier evenly over memory (the end points are always kept), so a
-    chain solver gets a short menu per block.
+    ``tolerance`` > 0 thins the frontier while it is built, once it holds more than
+    ``EXACT_POINTS`` points: see Note [thinning the knapsack as it is built]. ``max_points``
+    then thins the result evenly over memory (the end points are always kept), so a chain
+    solver gets a short menu per block.
+
+    Time O(k * P) for ``k`` items and at most ``P`` points per step: P is bounded by the
+    distinct sums of kept bytes (exponential in k where times are proportional to bytes, as
+    for a block of pointwise ops), and with ``tolerance`` by max(EXACT_POINTS, k / tolerance + 2).
     """
+    paying = [item for item in items if item.drop_cost > 0]
     total = sum(item.drop_cost for item in items)
+    step = tolerance * total / len(paying) if paying else 0.0
     points: dict[int, tuple[float, tuple[int, ...]]] = {0: (0.0, ())}
     for index, item in enumerate(items):
         if item.drop_cost <= 0:
@@ -77,12 +91,25 @@ def frontier(items: Sequence[SaveItem], max_points: int | None = None) -> list[S
             best = grown.get(candidate[0])
             if best is None or best[0] < candidate[1]:
                 grown[candidate[0]] = (candidate[1], (*chosen, index))
-        points = _pareto(grown)
+        points = _pareto(grown, step if len(grown) > EXACT_POINTS else 0.0)
     selections = [
         _selection(items, set(chosen), kept, max(0.0, total - gained))
         for kept, (gained, chosen) in sorted(points.items())
     ]
     return thin(selections, max_points) if max_points else selections
+
+
+# Note [thinning the knapsack as it is built]
+#     A block of a few hundred ops whose times are proportional to their bytes (a Swin stage
+#     taken whole) has a Pareto frontier of hundreds of thousands of points: nearly every sum
+#     of kept bytes buys its own time. With ``tolerance`` t, once a step's frontier exceeds
+#     ``EXACT_POINTS``, a point is dropped when one of no more bytes, kept already, gains no
+#     more than ``d = t * T / k`` less time (T the time of keeping nothing, k the items that
+#     cost anything). A covering point composes with later items as the point it covers did,
+#     so the losses of the k steps add: every selection of the exact frontier has one in the
+#     thinned frontier of no more bytes and at most ``t * T`` more recompute time. Each step
+#     keeps at most T / d + 2 = k / t + 2 points. ``tests/test_solve_scale.py`` checks the
+#     bound against the exact frontier.
 
 
 def _selection(items: Sequence[SaveItem], kept: set[int], size: int, cost: float) -> Selection:
@@ -97,15 +124,22 @@ def _selection(items: Sequence[SaveItem], kept: set[int], size: int, cost: float
 
 
 def _pareto(
-    points: dict[int, tuple[float, tuple[int, ...]]],
+    points: dict[int, tuple[float, tuple[int, ...]]], step: float = 0.0
 ) -> dict[int, tuple[float, tuple[int, ...]]]:
+    """The points no other point beats on both bytes and time gained; with ``step``, also
+    those that gain less than ``step`` more than the last point kept (the largest is kept)."""
     kept: dict[int, tuple[float, tuple[int, ...]]] = {}
     best = -1.0
+    last = None
     for size in sorted(points):
         gained = points[size][0]
         if gained > best + 1e-15:
-            kept[size] = points[size]
-            best = gained
+            last = size
+            if gained > best + step or not kept:
+                kept[size] = points[size]
+                best = gained
+    if last is not None:
+        kept[last] = points[last]
     return kept
 
 

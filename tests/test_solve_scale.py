@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ckptplan.solvers import dp
+from ckptplan.solvers import dp, selective
 from ckptplan.solvers.baselines import none
 from ckptplan.solvers.bounds import prefixes
 from ckptplan.solvers.chain import (
@@ -22,6 +22,8 @@ from ckptplan.solvers.chain import (
     simulate,
 )
 from ckptplan.solvers.segments import segment_terms
+from ckptplan.solvers.selective import SaveItem
+from tests.conftest import MODELS
 from tests.test_chain_solvers import random_chain
 
 
@@ -109,9 +111,9 @@ def test_bounded_solve_equals_the_unbounded_frontier(
 @pytest.mark.parametrize("seed", range(6))
 def test_the_least_peak_is_the_frontiers_least(seed: int) -> None:
     chain = rich_chain(random.Random(seed), 12)
-    for selective in (False, True):
-        frontier = dp.frontier(chain, selective=selective)
-        assert dp.least_peak(chain, selective=selective) == min(p.peak for p in frontier)
+    for options in (False, True):
+        frontier = dp.frontier(chain, selective=options)
+        assert dp.least_peak(chain, selective=options) == min(p.peak for p in frontier)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -167,3 +169,46 @@ def test_a_uniform_chain_solves_as_its_frontier_says(fraction: float) -> None:
     expected = exact(chain, budget, True)
     assert expected is not None
     assert dp.solve(chain, budget, selective=True).recompute_time == pytest.approx(expected)
+
+
+def proportional_items(rng: random.Random, k: int) -> list[SaveItem]:
+    """Ops whose times are proportional to their bytes, give or take 10%, as pointwise ops
+    are: nearly every sum of kept bytes is a point of the exact frontier."""
+    items = []
+    for i in range(k):
+        size = rng.randint(1, 10**6)
+        items.append(SaveItem((f"op#{i}",), size, size * 1e-9 * rng.uniform(0.9, 1.1)))
+    return items
+
+
+@pytest.mark.parametrize("tolerance", [0.01, 0.05, 0.2])
+@pytest.mark.parametrize("seed", range(3))
+def test_thinning_the_knapsack_loses_at_most_its_tolerance(
+    monkeypatch: pytest.MonkeyPatch, seed: int, tolerance: float
+) -> None:
+    items = proportional_items(random.Random(seed), 16)
+    exact_points = selective.frontier(items)
+    monkeypatch.setattr(selective, "EXACT_POINTS", 8)
+    thinned = selective.frontier(items, tolerance=tolerance)
+    assert len(thinned) < len(exact_points)
+    assert len(thinned) <= len(items) / tolerance + 2 + selective.EXACT_POINTS
+    total = sum(item.time for item in items)
+    for point in exact_points:
+        cover = min(p.recompute_time for p in thinned if p.kept_bytes <= point.kept_bytes)
+        assert cover <= point.recompute_time + tolerance * total + 1e-12
+    # Both ends survive: keeping nothing, and keeping everything.
+    assert thinned[0].kept_bytes == 0 and thinned[-1].recompute_time == pytest.approx(0.0)
+
+
+def test_a_small_frontier_is_not_thinned() -> None:
+    items = proportional_items(random.Random(0), 9)
+    assert selective.frontier(items, tolerance=0.5) == selective.frontier(items)
+
+
+def test_identical_blocks_share_one_menu() -> None:
+    import ckptplan
+    from ckptplan.problem import selective_menus
+
+    menus = selective_menus(ckptplan.profile(MODELS / "hf_llama.py", batch_size=2))
+    assert len(menus) == 4 and all(menus)
+    assert menus[1] is menus[2], "repeated layers are priced once"
