@@ -40,6 +40,7 @@ ModelArg = torch.nn.Module | str | Path | HubModel
 ``HubModel`` (``hf:`` with its task and input sizes)."""
 
 FAKE_RUN_TRIES = 4
+RELAX_TRIES = 6
 """Solves whose plan the fake run checks; each retry takes the overshoot (doubled each time)
 off the solver's target."""
 
@@ -296,18 +297,24 @@ class _Search:
 
     def _relaxed(self, solver: str, target: int, plan: Plan, confirmed: int) -> tuple[Plan, int]:
         """A compiled step often keeps less than the chain model of the eager step says (the
-        partitioner recomputes cheap ops outside regions too): while the fake run leaves room
-        under the aim, the solver's target rises by that room, for plans that recompute less."""
-        for _ in range(FAKE_RUN_TRIES):
-            target += self.aim - confirmed
-            looser = self._plan(self._schedule(solver, target))
-            if looser.regions == plan.regions:
+        partitioner recomputes cheap ops outside regions too), so a fitting plan may leave room:
+        the solver's target rises by that room until a plan overshoots, then bisects between
+        the highest target that fit and the lowest that did not, keeping the plan that
+        recomputes least. Fake runs are cached by regions, so a target that changes nothing
+        costs nothing."""
+        low, high, room = target, None, self.aim - confirmed
+        for _ in range(RELAX_TRIES):
+            if high is not None and high - low <= self.aim // 200:
                 break
+            trial = low + max(room, 1) if high is None else (low + high) // 2
+            looser = self._plan(self._schedule(solver, trial))
             peak = self._fake_run(looser)
             looser.predicted["fake_run_peak_bytes"] = peak
             if peak > self.aim:
-                break
-            if looser.predicted["recompute_time_s"] <= plan.predicted["recompute_time_s"]:
+                high = trial
+                continue
+            low, room = trial, max(room, self.aim - peak)
+            if looser.predicted["recompute_time_s"] < plan.predicted["recompute_time_s"]:
                 plan, confirmed = looser, peak
         return plan, confirmed
 

@@ -33,10 +33,11 @@ Note [pricing a compiled step]
     margin to pay for itself (``Device.compiled``).
 
     The fake run of a compiled step executes inductor's partition with eager kernels
-    (``ckptplan.compiled``): its saved tensors are inductor's own, but its transient buffers
-    are not inductor's fused ones. On the tiny GPT of the tests, CPU allocator against fake
-    run: unchecked -13%, every block checkpointed -12%, every block keeping one matmul +1.2%.
-    So a compiled plan holds back at least 3% of its budget, as on a GPU.
+    (``ckptplan.compiled``): its saved tensors are inductor's own, its values freed at their
+    last use, the values inductor fuses away uncounted and its channels-last copies counted.
+    Against the CPU allocator's peak of the compiled unchecked step it is within 0.3% below
+    (ResNet sample) to 3.5% above (UNet sample), exact on the ViT and MLP samples. So a
+    compiled plan holds back at least 1% of its budget (a GPU's own margin is larger).
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ class Device:
             fused=True,
             policy_op_time=0.0,
             selective_margin=0.0,
-            margin_percent=max(self.margin_percent, 3.0),
+            margin_percent=max(self.margin_percent, 1.0),
         )
 
     def op_time(self, kind: OpKind, flops: float, bytes_moved: float, half: bool) -> float:

@@ -242,12 +242,23 @@ class CompiledStepTracker(LiveStorageTracker):
             return func(*args, **(kwargs or {}))
         if not isinstance(func, torch._ops.HigherOrderOperator):
             return super().__torch_dispatch__(func, types, args, kwargs)
+        before = self.live
         with _pop_mode_temporarily():
             out = func(*args, **(kwargs or {}))
         for leaf in pytree.tree_leaves(out):
             if isinstance(leaf, torch.Tensor):
                 self.count(leaf)
+        self._inner_workspace(args, kwargs or {}, before)
         return out
+
+    def _inner_workspace(self, args: Any, kwargs: Any, before: int) -> None:
+        """The buffers of the op a higher-order op runs (dropout's mask, replayed)."""
+        index = next((i for i, a in enumerate(args) if isinstance(a, torch._ops.OpOverload)), None)
+        if self.workspaces is None or index is None:
+            return
+        inside = self.workspaces.peak_of(args[index], args[index + 1 :], kwargs)
+        if inside:
+            self._peak_at(before + inside)
 
 
 @contextlib.contextmanager

@@ -246,8 +246,10 @@ def _menu(
     points: int,
     offload_time: Callable[[int], float | None] | None,
     policy_op_time: float,
+    compiled: bool = False,
 ) -> list[Selection]:
     """One block's options, each thinned to ``points``, sizes always counting every op kept.
+    A compiled block with random ops has none (Note [selective options under torch.compile]).
 
     Two frontiers: for a block that ends its segment, recomputation never reaches the ops past
     its last save (nothing to keep there) and keeping its output is free (it lives on as the
@@ -258,6 +260,8 @@ def _menu(
     option also pays ``policy_op_time`` per op call its policy sees: each op in forward and
     again in recompute (the chain takes the skipped tail's calls off with its time).
     """
+    if compiled and any(op.random for op in ops):
+        return []
     name = _output_op(block, ops)
     unreplayed = _unreplayed(ops)
     skipped = sum(op.time for op in unreplayed.values())
@@ -282,6 +286,16 @@ def _menu(
                 selection = replace(selection, recompute_time=time)
             options.setdefault((selection.saved, selection.offloaded), selection)
     return sorted(options.values(), key=lambda s: (s.kept_bytes, s.recompute_time))
+
+
+# Note [selective options under torch.compile]
+#     Under compile a policy must keep every random op's outputs (Note [random ops under
+#     torch.compile] in ``ckptplan.wrapping``), and those are not the eager step's: inductor's
+#     dropout returns its output and a boolean mask, where eager's CPU dropout fills a float
+#     mask in place. So the chain cannot price a selective option of a block with random ops:
+#     on the compiled-plan tests' model, keeping one matmul of a dropout block was priced at
+#     2 MiB kept and kept all 4.5 MiB that the unchecked step keeps. Such a block is kept or
+#     checkpointed whole, which replays its random numbers and is priced right.
 
 
 def block_forward_ops(profile: Profile) -> list[list[OpRecord]]:
@@ -343,7 +357,12 @@ def selective_menus(profile: Profile, points: int = MENU_POINTS) -> list[list[Se
         signature = _priced(block, ops)
         if signature not in cache:
             cache[signature] = _menu(
-                block, ops, points, device.offload_time, profile.policy_op_time
+                block,
+                ops,
+                points,
+                device.offload_time,
+                profile.policy_op_time,
+                compiled=profile.settings.compiled,
             )
         menus.append(cache[signature])
     return menus

@@ -171,3 +171,41 @@ def test_the_cli_solves_for_torch_compile(tmp_path) -> None:
     assert plan.settings["compiled"]
     assert plan.predicted["fake_run_peak_bytes"] <= plan.budget["bytes"]
     assert plan.predicted["compiled_partition"]["graphs"] == 1
+
+
+class PatchNet(nn.Module):
+    """A patch embedding (a convolution, which inductor runs channels-last) and MLP blocks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, WIDTH, kernel_size=8, stride=8)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.GELU()) for _ in range(4)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        for block in self.blocks:
+            x = x + block(x)
+        return x
+
+
+@pytest.mark.parametrize("net", ["dropout", "patches"])
+def test_the_compiled_fake_run_predicts_the_allocators_peak(
+    net: str, model_and_batch: tuple[nn.Module, torch.Tensor]
+) -> None:
+    """At or just above the peak the allocator measures under inductor: the fake run frees
+    saved tensors at their last use, counts dropout's float mask under ``fallback_random`` and
+    the channels-last copies of a convolution's inputs (Note [channels-last copies under
+    inductor]); it was 6-9% under or 20% over before."""
+    if net == "dropout":
+        model, batch = model_and_batch
+    else:
+        torch.manual_seed(0)
+        model, batch = PatchNet().train(), torch.randn(16, 3, 128, 128)
+    plan = solve(model, batch, "90%" if net == "dropout" else "99%")
+    result = ckptplan.verify(model, plan, (batch,), loss_fn=loss_fn, run_on="cpu", repeats=1)
+    assert result.within_budget
+    measured, predicted = result.measured_peak_bytes, result.predicted_peak_bytes
+    assert measured <= predicted * 1.001
+    assert predicted <= measured * 1.03
