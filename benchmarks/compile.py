@@ -191,7 +191,16 @@ def run_model(path: Path, rounds: int) -> list[dict[str, Any]]:
         entry = Entry("hf-full", model, model)
         measure(workload, entry, inputs, want)
         entries.append(entry)
+    compiles = {e.name: e.row["partition"].compiled_graphs for e in entries if "partition" in e.row}
     time_rounds(workload, entries, inputs, rounds)
+    for entry in entries:
+        if (
+            "partition" in entry.row
+            and entry.row["partition"].compiled_graphs != compiles[entry.name]
+        ):
+            raise RuntimeError(
+                f"{entry.name} compiled again while timed: its times are not its own"
+            )
     rows = []
     for entry in entries:
         row = dict(entry.row, model=path.stem)

@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -288,15 +289,39 @@ def inductor_backend(log: Partition) -> Callable[..., Any]:
 
 class CompiledModel(torch.nn.Module):
     """``torch.compile(model, backend=backend)`` whose parameters keep the model's own names
-    (``torch.compile`` prefixes them with ``_orig_mod.``), so gradients compare name by name."""
+    (``torch.compile`` prefixes them with ``_orig_mod.``), so gradients compare name by name.
+
+    Note [compiling without touching the caller's caches]: dynamo caches compiled code on code
+    objects, and a model's ``forward`` is shared by every instance of its class, the caller's
+    own compiled model among them. Each entry compiled here is a new backend, so on ``forward``
+    it would count against the caller's recompile limit (past which dynamo runs the model
+    eagerly for good), and clearing them with ``torch._dynamo.reset()`` would drop the caller's
+    compiled code as well (it then recompiles outside the settings it was compiled under). So
+    the model is called from a function with a code object of its own, which dynamo traces
+    from and which dies with this module, its cache with it; ``isolate_recompiles`` keeps the
+    entries of frames past a graph break out of the caller's recompile count.
+    """
 
     def __init__(self, model: torch.nn.Module, backend: Callable[..., Any] | str) -> None:
         super().__init__()
         self.model = model
-        self.compiled = torch.compile(model, backend=backend)
+        self.compiled = torch.compile(
+            _private_call(model), backend=backend, isolate_recompiles=True
+        )
 
     def named_parameters(self, *args: Any, **kwargs: Any) -> Any:
         yield from self.model.named_parameters(*args, **kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.compiled(*args, **kwargs)
+
+
+def _private_call(model: torch.nn.Module) -> Callable[..., Any]:
+    """A function that calls ``model``, on a code object no other function shares."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return model(*args, **kwargs)
+
+    return types.FunctionType(
+        call.__code__.replace(), call.__globals__, call.__name__, None, call.__closure__
+    )

@@ -157,6 +157,27 @@ def test_verify_measures_a_compiled_plan_under_inductor(
     assert result.tracked_peak_bytes is None, "the tracker cannot follow inductor's kernels"
 
 
+def test_planning_keeps_the_callers_compiled_model_compiled(
+    model_and_batch: tuple[nn.Module, torch.Tensor],
+) -> None:
+    """solve's fake compiled runs trace the caller's model class, and must neither drop the
+    caller's compiled code (a recompile, outside the settings it was compiled under) nor count
+    against its recompile limit."""
+    model, batch = model_and_batch
+    compiles = []
+
+    def counting(graph: torch.fx.GraphModule, _: object) -> torch.fx.GraphModule:
+        compiles.append(graph)
+        return graph
+
+    mine = torch.compile(copy.deepcopy(model), backend=counting)
+    mine(batch)
+    for budget in ("95%", "85%"):
+        solve(model, batch, budget)
+    mine(batch)
+    assert len(compiles) == 1, "the caller's model was compiled again"
+
+
 def test_the_cli_solves_for_torch_compile(tmp_path) -> None:
     from click.testing import CliRunner
 
