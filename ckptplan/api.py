@@ -29,6 +29,7 @@ from ckptplan.plan import Plan, Region, as_plan
 from ckptplan.problem import region_policy, selective_menus, to_chain
 from ckptplan.profiler import Profile, Settings, profile_model
 from ckptplan.progress import QUIET, Progress
+from ckptplan.scaleout import sharding_advice
 from ckptplan.simulate import predict
 from ckptplan.solvers import BASELINES, SOLVERS, run_solver
 from ckptplan.solvers.chain import Chain, InfeasibleBudget, Schedule
@@ -184,7 +185,8 @@ def solve(
     workload = _workload(model, example_inputs, loss_fn)
     settings = _settings(batch_size, optimizer, dtype, target, blocks, autocast, measure, compiled)
     progress.phase(_profiling(settings))
-    prof = _per_rank(profile_model(workload, settings), world_size, parallel)
+    whole = profile_model(workload, settings)
+    prof = _per_rank(whole, world_size, parallel)
     progress.phase(f"solving ({solver})")
     menus = selective_menus(prof) if solver == "auto" else None
     chain = to_chain(prof, scope, menus)
@@ -221,6 +223,26 @@ def solve(
         checked=checked,
         progress=progress,
     )
+    try:
+        plan, confirmed = _searched(search, solver, target, compiled)
+    except BelowLeastPeak as exc:
+        if scope != "step":  # a budget for activations alone: sharding does not change them
+            raise
+        advice = sharding_advice(whole, aim, scope, world_size)
+        raise BelowLeastPeak(f"{exc}{advice}", exc.least_bytes) from None
+    if plan is not None:
+        return plan
+    raise CkptplanError(
+        f"the checkpointed step, run on fake tensors, needs {format_bytes(confirmed)}, over "
+        f"the {format_bytes(aim)} the budget {format_bytes(budget_bytes)} leaves with every "
+        f"plan {solver} found for it; use "
+        f"{option('budget', format_budget_at_least(_admitting(confirmed, held_back)))} or more"
+    )
+
+
+def _searched(search: _Search, solver: str, target: str, compiled: bool) -> tuple[Plan | None, int]:
+    """The solver's plan (None if none fits) and its fake-run peak; for ``auto``, the plan of
+    segments instead where a selective plan does not pay for itself."""
     plan, confirmed = search.run(solver)
     if solver == "auto":
         # Selective plans the fake run puts over, however low the target, or that do not pay
@@ -241,14 +263,7 @@ def solve(
             )
         ):
             plan, confirmed = replace(segments, solver="auto"), segments_peak
-    if plan is not None:
-        return plan
-    raise CkptplanError(
-        f"the checkpointed step, run on fake tensors, needs {format_bytes(confirmed)}, over "
-        f"the {format_bytes(aim)} the budget {format_bytes(budget_bytes)} leaves with every "
-        f"plan {solver} found for it; use "
-        f"{option('budget', format_budget_at_least(_admitting(confirmed, held_back)))} or more"
-    )
+    return plan, confirmed
 
 
 @dataclass(frozen=True)
