@@ -1,7 +1,8 @@
 """Plan time and peak RSS of ``ckptplan solve`` at scale: the Llama-2-7B, Llama-2-70B and
 Llama-3-405B shapes (Hugging Face ``LlamaForCausalLM`` from their configs,
-``benchmarks/models/llama_shapes.py``), at 4k and 32k tokens, FSDP over 8 and 64 ranks, bf16,
-planned for an H100, with the default solver (``auto``) beside ``dp``.
+``benchmarks/models/llama_shapes.py``), at 4k, 32k and 128k tokens, FSDP over 8 and 64 ranks,
+bf16, planned for an H100 (its attention kernels: memory linear in the sequence), with the
+default solver (``auto``) beside ``dp``.
 
 Each row runs the CLI as a user would, in a subprocess, so the figures include interpreter
 start-up and the import of torch and transformers, and the peak RSS is that process's alone:
@@ -46,7 +47,7 @@ RESULTS = ROOT / "benchmarks" / "results" / "scale.json"
 SHAPES = "benchmarks.models.llama_shapes"
 GNU_TIME = "/usr/bin/time"
 GIB = 2**30
-TOKENS = {"4k": 4096, "32k": 32768}
+TOKENS = {"4k": 4096, "32k": 32768, "128k": 131072}
 
 
 @dataclass(frozen=True)

@@ -95,7 +95,10 @@ def llama3_405b() -> LlamaShape:
 
 llama2_7b_4k = llama2_7b()
 llama2_7b_32k = llama2_7b().at(32768)
+llama2_7b_128k = llama2_7b().at(131072)
 llama2_70b_4k = llama2_70b()
 llama2_70b_32k = llama2_70b().at(32768)
+llama2_70b_128k = llama2_70b().at(131072)
 llama3_405b_4k = llama3_405b()
 llama3_405b_32k = llama3_405b().at(32768)
+llama3_405b_128k = llama3_405b().at(131072)
