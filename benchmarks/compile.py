@@ -6,7 +6,8 @@ steps from the same weights:
 - eager with no checkpointing (the reference for gradients and time), and compiled with none;
 - ``torch.compile`` with ``activation_memory_budget`` at 0.1, 0.3, 0.5 and 0.7;
 - ckptplan ``--compile`` plans (``solve(..., compiled=True)``), applied then compiled, at byte
-  budgets equal to the peaks those compile budgets measured;
+  budgets equal to the peaks those compile budgets measured, and at the least budgets whose
+  aims (the compiled margin held back) admit those peaks;
 - eager ``auto`` and ``dp`` plans at the same budgets, and for Hugging Face models HF's own
   checkpointing of every layer.
 
@@ -17,6 +18,8 @@ buffers too; parameters, gradients, optimizer state and batch included), the ste
 eager and against compiled unchecked steps (medians of interleaved rounds, one process), the
 compile time (the first step's time less a steady step's), and the largest gradient error
 against eager, absolute and relative (per parameter, max |g - g_eager| / max |g_eager|).
+Per point of compile's own budget, a ``verdict`` row names the fastest ckptplan compiled plan
+whose measured peak is no higher, and whether it is faster by more than the rounds' spread.
 
     python benchmarks/compile.py [--models gpt tests/models/hf_gpt2.py] [--rounds 5]
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -41,6 +45,7 @@ from torch._inductor import config as inductor_config
 import ckptplan
 from ckptplan.allocmeter import allocator_peak
 from ckptplan.compiled import CompiledModel, Partition, inductor_backend
+from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError
 from ckptplan.loading import Workload, call_model, load_model_file
 from ckptplan.memtrack import keep_freed_host_memory, storage_bytes
@@ -142,7 +147,41 @@ def time_rounds(workload: Workload, entries: list[Entry], inputs: Any, rounds: i
         for reference in ("eager", "compiled"):
             pairs = [a / b for a, b in zip(mine, times[reference], strict=True)]
             entry.row[f"time_vs_{reference}"] = round(statistics.median(pairs), 4)
+            quartiles = statistics.quantiles(pairs, n=4)
+            entry.row[f"time_vs_{reference}_quartiles"] = [
+                round(quartiles[0], 4),
+                round(quartiles[2], 4),
+            ]
         entry.row["step_s"] = round(statistics.median(mine), 4)
+
+
+def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For each point of compile's own budget, the fastest ckptplan compiled plan whose measured
+    peak is no higher, and whether it is faster by more than noise: its upper quartile of time
+    ratios (against compiled unchecked steps) below the point's lower quartile."""
+    measured = [r for r in rows if "peak_bytes" in r]
+    out = []
+    for point in (r for r in measured if r["strategy"].startswith("compile-")):
+        ours = [
+            r
+            for r in measured
+            if r["strategy"].startswith("ckptplan-compiled")
+            and r["peak_bytes"] <= point["peak_bytes"]
+        ]
+        verdict: dict[str, Any] = {"strategy": f"verdict@{point['strategy']}"}
+        verdict.update(point_peak_bytes=point["peak_bytes"], point_time=point["time_vs_compiled"])
+        if ours:
+            best = min(ours, key=lambda r: r["time_vs_compiled"])
+            verdict.update(
+                ckptplan=best["strategy"],
+                ckptplan_peak_bytes=best["peak_bytes"],
+                ckptplan_time=best["time_vs_compiled"],
+                at_least_as_fast=best["time_vs_compiled"] <= point["time_vs_compiled"],
+                faster_beyond_noise=best["time_vs_compiled_quartiles"][1]
+                < point["time_vs_compiled_quartiles"][0],
+            )
+        out.append(verdict)
+    return out
 
 
 def run_model(path: Path, rounds: int) -> list[dict[str, Any]]:
@@ -167,11 +206,16 @@ def run_model(path: Path, rounds: int) -> list[dict[str, Any]]:
                 entry.row.get("memory_budget"), lambda e=entry: measure(workload, e, inputs, want)
             )
     planned = []
-    for budget_entry in entries[2:]:
-        budget = budget_entry.row["peak_bytes"]
+    margin = get_device("cpu", compiled=True).margin_percent
+    for budget_entry in entries[2 : 2 + len(COMPILE_BUDGETS)]:
+        point = budget_entry.row["peak_bytes"]
         tag = f"@{budget_entry.name}"
-        for solver, compile_plan in (("auto", True), ("auto", False), ("dp", False)):
-            name = f"ckptplan-compiled{tag}" if compile_plan else f"eager-{solver}{tag}"
+        runs = [("auto", True, point, ""), ("auto", False, point, ""), ("dp", False, point, "")]
+        # The least budget whose aim, the margin held back, admits the point's peak.
+        runs.append(("auto", True, math.ceil(point / (1 - margin / 100)), "+margin"))
+        for solver, compile_plan, budget, suffix in runs:
+            base = "ckptplan-compiled" if compile_plan else f"eager-{solver}"
+            name = f"{base}{tag}{suffix}"
             try:
                 plan = ckptplan.solve(path, budget=budget, solver=solver, compiled=compile_plan)
             except CkptplanError as exc:
@@ -209,7 +253,7 @@ def run_model(path: Path, rounds: int) -> list[dict[str, Any]]:
             row["saved_bytes"] = log.saved_bytes
             row["graphs"] = log.compiled_graphs
         rows.append(row)
-    return rows + planned
+    return rows + planned + verdicts(rows)
 
 
 def plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
@@ -252,7 +296,7 @@ def plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS))
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
     torch.set_num_threads(1)
     # Each entry compiles the same forward with its own backend: a cache entry each.
