@@ -19,6 +19,8 @@ _API = {
     "profile": "ckptplan.api",
     "Plan": "ckptplan.plan",
     "HubModel": "ckptplan.hub",
+    "Pipeline": "ckptplan.pipeline_types",
+    "solve_pipeline": "ckptplan.pipeline",
     "CkptplanError": "ckptplan.errors",
 }
 

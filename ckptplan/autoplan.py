@@ -68,6 +68,7 @@ def apply(
     example_inputs: Inputs | torch.Tensor | None = None,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     cache_dir: str | Path | None = None,
+    stage: int | None = None,
     **options: Any,
 ) -> torch.nn.Module:
     """Checkpoint ``model`` in place and return it: as ``plan`` says, or with ``budget`` and
@@ -75,7 +76,8 @@ def apply(
     ``ckptplan.solve`` finds for them, read from ``cache_dir`` when solved before.
 
     ``options`` are ``ckptplan.solve``'s (``dtype``, ``optimizer``, ``solver``,
-    ``world_size``, ...). See ``ckptplan.wrapping.apply`` for what applying checks and does.
+    ``world_size``, ...). See ``ckptplan.wrapping.apply`` for what applying checks and does;
+    ``stage`` applies one pipeline stage's section of the plan to that stage's module.
     """
     planning = {"budget": budget, "example_inputs": example_inputs, "loss_fn": loss_fn}
     planning.update(cache_dir=cache_dir, **options)
@@ -86,7 +88,7 @@ def apply(
                 f"ckptplan.apply got a plan and {given[0]}=, which is for solving one; pass "
                 f"one of them: {_USAGE}"
             )
-        return apply_plan(model, plan, force)
+        return apply_plan(model, plan, force, stage)
     if budget is None:
         raise CkptplanError(f"ckptplan.apply needs a plan or budget=: {_USAGE}")
     the_plan = cached_plan(

@@ -42,6 +42,34 @@ class Region:
 
 
 @dataclass(frozen=True)
+class StagePlan:
+    """One pipeline stage's section of a plan (``ckptplan.pipeline``): its blocks and regions,
+    its budget and predicted peak with ``in_flight`` microbatches' activations kept at once."""
+
+    index: int
+    rank: int
+    blocks: tuple[str, ...]
+    regions: tuple[Region, ...]
+    budget_bytes: int
+    predicted_peak_bytes: int
+    in_flight: int
+    parameters: dict[str, Any]
+    """The stage's blocks' parameters (count and digest), which ``apply(stage=)`` checks."""
+    predicted: dict[str, Any] = field(default_factory=dict)
+    """The peak's parts: fixed bytes, kept activations per microbatch, buffers, recompute."""
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(blocks=list(self.blocks), regions=[r.to_json() for r in self.regions])
+        return data
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> StagePlan:
+        regions = tuple(Region.from_json(r) for r in data["regions"])
+        return StagePlan(**{**data, "blocks": tuple(data["blocks"]), "regions": regions})
+
+
+@dataclass(frozen=True)
 class Plan:
     """Which regions to checkpoint, for which model, and what that is predicted to cost."""
 
@@ -55,12 +83,17 @@ class Plan:
     regions: tuple[Region, ...]
     predicted: dict[str, Any]
     baselines: dict[str, Any] = field(default_factory=dict)
+    stages: tuple[StagePlan, ...] = ()
+    """Pipeline stages, one section each (``ckptplan.pipeline``); none for one device."""
     schema: str = SCHEMA
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["regions"] = [r.to_json() for r in self.regions]
         data["blocks"] = list(self.blocks)
+        data["stages"] = [s.to_json() for s in self.stages]
+        if not self.stages:  # a plan for one device reads as before
+            del data["stages"]
         return {"schema": data.pop("schema"), **data}
 
     def save(self, path: str | Path) -> None:
@@ -86,6 +119,7 @@ class Plan:
                 regions=tuple(Region.from_json(r) for r in data["regions"]),
                 predicted=data["predicted"],
                 baselines=data.get("baselines", {}),
+                stages=tuple(StagePlan.from_json(s) for s in data.get("stages", ())),
             )
         except (KeyError, TypeError) as exc:
             raise CkptplanError(f"{source} is a damaged plan: missing field {exc}") from None

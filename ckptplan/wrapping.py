@@ -711,7 +711,9 @@ def refuse_unapplicable(model: torch.nn.Module) -> None:
     _refuse_wrapped(model)
 
 
-def apply(model: torch.nn.Module, plan: Plan | str | Path, force: bool = False) -> torch.nn.Module:
+def apply(
+    model: torch.nn.Module, plan: Plan | str | Path, force: bool = False, stage: int | None = None
+) -> torch.nn.Module:
     """Checkpoint ``model`` in place as ``plan`` says, and return it.
 
     Refuses a model that is already checkpointed by ckptplan (or by Hugging Face), a model
@@ -720,10 +722,19 @@ def apply(model: torch.nn.Module, plan: Plan | str | Path, force: bool = False) 
     what was wrapped is logged and kept as ``model.ckptplan_applied``, whose counters show the
     recomputations. Training with it then warns of a batch larger than the plan's, and refuses
     Hugging Face checkpointing switched on inside its regions (``ckptplan.guards``).
+
+    With ``stage``, ``model`` is that pipeline stage's module and only its blocks are checked
+    and checkpointed (``ckptplan.pipeline.stage_plan``).
     """
     plan = as_plan(plan)
     refuse_unapplicable(model)
-    check_model_matches(model, plan, force)
+    if stage is None:
+        check_model_matches(model, plan, force)
+    else:
+        # Imported here: ckptplan.pipeline solves through ckptplan.api, which imports this module.
+        from ckptplan.pipeline import stage_plan
+
+        plan = stage_plan(model, plan, stage, force)
     for note in training_conventions(model)[1]:
         log.warning("ckptplan.apply: %s", note)
     applied = AppliedPlan(
