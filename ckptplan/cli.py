@@ -15,13 +15,20 @@ import sys
 import click
 
 from ckptplan import __version__
-from ckptplan.boundary import EXIT_INTERNAL_ERROR, Boundary, report_internal, user_errors
+from ckptplan.boundary import (
+    EXIT_INTERNAL_ERROR,
+    Boundary,
+    UserError,
+    report_internal,
+    user_errors,
+)
 from ckptplan.cli_options import (
     MODEL_HELP,
     StepOptions,
     console,
     hub_options,
     model_argument,
+    pipeline_options,
     print_json,
     progress_display,
     run_on_option,
@@ -30,6 +37,7 @@ from ckptplan.cli_options import (
 )
 from ckptplan.errors import DEBUG_ENV
 from ckptplan.options import SCOPES
+from ckptplan.pipeline_types import Pipeline, stage_lines
 from ckptplan.remat_command import remat
 from ckptplan.solvers import SOLVERS
 from ckptplan.sweep_command import sweep_command
@@ -134,6 +142,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
     help="Plan for ckptplan.apply, then torch.compile: the budget holds the partition "
     "inductor makes (found on fake tensors), and the plan keeps dropout exact.",
 )
+@pipeline_options
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @user_errors
 def solve(
@@ -149,6 +158,7 @@ def solve(
     world_size: int,
     parallel: str | None,
     compiled: bool,
+    pipeline: Pipeline | None,
     as_json: bool,
 ) -> None:
     """Profile MODEL on fake tensors and find the plan that fits BUDGET."""
@@ -157,6 +167,23 @@ def solve(
 
     if output:
         writable_destination(output)
+    if pipeline is not None:
+        _solve_pipeline(
+            model,
+            budget,
+            output,
+            solver,
+            max_segment,
+            scope,
+            step,
+            margin,
+            world_size,
+            parallel,
+            compiled,
+            pipeline,
+            as_json,
+        )
+        return
     with progress_display(as_json) as progress:
         plan = solve_plan(
             model,
@@ -193,6 +220,74 @@ def solve(
         out.print(
             f"plan written to [bold]{output}[/]; in training: "
             f"model = ckptplan.apply(model, {output!r})"
+        )
+
+
+def _solve_pipeline(
+    model: str,
+    budget: str,
+    output: str | None,
+    solver: str,
+    max_segment: int | None,
+    scope: str,
+    step: StepOptions,
+    margin: float | None,
+    world_size: int,
+    parallel: str | None,
+    compiled: bool,
+    pipeline: Pipeline,
+    as_json: bool,
+) -> None:
+    """``solve --pipeline-stages``: one plan with a section per stage (``ckptplan.pipeline``)."""
+    from ckptplan.pipeline import solve_pipeline
+    from ckptplan.report import show_plan
+
+    if scope != "step" or compiled:
+        raise UserError(
+            "--pipeline-stages plans the whole step in eager mode: leave out "
+            "--scope activations and --compile"
+        )
+    keywords = step.keywords()
+    batch = keywords.pop("batch_size")
+    if batch is None:
+        raise UserError(
+            "--pipeline-stages needs --batch-size, the step's batch per "
+            "data-parallel rank (a multiple of --microbatches)"
+        )
+    with progress_display(as_json) as progress:
+        plan = solve_pipeline(
+            model,
+            budget=budget,
+            pipeline=pipeline,
+            batch_size=batch,
+            solver=solver,
+            max_segment=max_segment,
+            world_size=world_size,
+            parallel=parallel,
+            margin=margin,
+            progress=progress,
+            **keywords,
+        )
+    if output:
+        plan.save(output)
+    if as_json:
+        print_json(
+            "solve",
+            {
+                "budget_bytes": plan.budget["bytes"],
+                "stages": [s.to_json() for s in plan.stages],
+                "plan": plan.to_json(),
+            },
+        )
+        return
+    out = console()
+    show_plan(plan, out)
+    for line in stage_lines(plan):
+        out.print(line, markup=False, highlight=False)
+    if output:
+        out.print(
+            f"plan written to [bold]{output}[/]; in stage i's training script: "
+            f"stage_module = ckptplan.apply(stage_module, {output!r}, stage=i)"
         )
 
 
@@ -285,7 +380,10 @@ def show(plan_file: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(plan.to_json(), indent=2))  # the plan's own schema
     else:
-        show_plan(plan, console())
+        out = console()
+        show_plan(plan, out)
+        for line in stage_lines(plan):
+            out.print(line, markup=False, highlight=False)
 
 
 @cli.command(epilog=MODEL_HELP)

@@ -267,3 +267,81 @@ def step_options(command: Callable[..., Any]) -> Callable[..., Any]:
 def run_on_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``--on``: the local device a real step runs on."""
     return click.option("--on", "run_on", default=None, help=help_text)
+
+
+_PIPELINE_OPTIONS = [
+    click.option(
+        "--pipeline-stages",
+        type=int,
+        default=None,
+        help="Pipeline-parallel stages (ranks): one budget and one plan per stage.",
+    ),
+    click.option(
+        "--microbatches", type=int, default=None, help="Microbatches per step of the pipeline."
+    ),
+    click.option(
+        "--schedule",
+        type=click.Choice(("gpipe", "1f1b", "interleaved-1f1b")),
+        default=None,
+        help="Pipeline schedule: how many microbatches each stage keeps in flight.",
+    ),
+    click.option(
+        "--stages-per-rank",
+        type=int,
+        default=None,
+        help="Virtual stages per rank of interleaved-1f1b [default: 2].",
+    ),
+    click.option(
+        "--stage-split",
+        default=None,
+        help="Blocks per stage, e.g. 3,3 (default: balanced by forward time).",
+    ),
+]
+
+
+def pipeline_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The pipeline's flags, handed to the command as one ``pipeline: Pipeline | None``."""
+
+    @functools.wraps(command)
+    def wrapper(
+        *args: Any,
+        pipeline_stages: int | None,
+        microbatches: int | None,
+        schedule: str | None,
+        stages_per_rank: int | None,
+        stage_split: str | None,
+        **kwargs: Any,
+    ) -> Any:
+        from ckptplan.pipeline_types import Pipeline
+
+        given = {"--microbatches": microbatches, "--schedule": schedule}
+        given |= {"--stages-per-rank": stages_per_rank, "--stage-split": stage_split}
+        if pipeline_stages is None:
+            named = [flag for flag, value in given.items() if value is not None]
+            if named:
+                raise UserError(f"{named[0]} is for a pipeline; give --pipeline-stages P too")
+            return command(*args, pipeline=None, **kwargs)
+        if microbatches is None or schedule is None:
+            raise UserError(
+                "--pipeline-stages needs --microbatches M and --schedule gpipe|1f1b|"
+                "interleaved-1f1b"
+            )
+        split = None
+        if stage_split is not None:
+            try:
+                split = tuple(int(n) for n in stage_split.split(","))
+            except ValueError:
+                raise UserError(
+                    f"--stage-split {stage_split}: give block counts separated by commas, e.g. 3,3"
+                ) from None
+        interleaved = schedule == "interleaved-1f1b"
+        pipeline = Pipeline(
+            stages=pipeline_stages,
+            microbatches=microbatches,
+            schedule=schedule,  # type: ignore[arg-type]  # click's choice
+            stages_per_rank=stages_per_rank or (2 if interleaved else 1),
+            split=split,
+        )
+        return command(*args, pipeline=pipeline, **kwargs)
+
+    return _apply(_PIPELINE_OPTIONS, wrapper)

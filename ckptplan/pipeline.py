@@ -423,6 +423,11 @@ def stage_plan(model: torch.nn.Module, plan: Plan, stage: int, force: bool = Fal
         )
     # A later stage's input is the previous stage's activations, which the plan does not
     # record: the batch guard watches the first stage alone.
+    predicted = {**plan.predicted, "peak_bytes": section.predicted_peak_bytes}
     return replace(
-        plan, regions=section.regions, stages=(), inputs=plan.inputs if stage == 0 else None
+        plan,
+        regions=section.regions,
+        stages=(),
+        inputs=plan.inputs if stage == 0 else None,
+        predicted={**predicted, "in_flight": section.in_flight},
     )

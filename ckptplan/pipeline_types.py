@@ -14,7 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from ckptplan.budget import format_bytes
 from ckptplan.errors import CkptplanError, option
+from ckptplan.plan import Plan
 
 ScheduleName = Literal["gpipe", "1f1b", "interleaved-1f1b"]
 SCHEDULES: tuple[str, ...] = get_args(ScheduleName)
@@ -212,3 +214,18 @@ def parameters_digest(modules: Sequence[tuple[str, str, int]], blocks: Sequence[
     digest = hashlib.sha256(json.dumps(own).encode()).hexdigest()[:16]
     tops = [count for path, _, count in own if path in blocks]
     return {"parameters": sum(tops), "hash": digest}
+
+
+def stage_lines(plan: Plan) -> list[str]:
+    """One line per pipeline stage of ``plan`` (none for a plan without stages), for
+    ``solve`` and ``show``."""
+    lines = []
+    for stage in plan.stages:
+        regions = ", ".join("+".join(r.modules) for r in stage.regions) or "none"
+        lines.append(
+            f"stage {stage.index} (rank {stage.rank}): {stage.blocks[0]}..{stage.blocks[-1]}, "
+            f"{stage.in_flight} microbatches in flight, predicted peak "
+            f"{format_bytes(stage.predicted_peak_bytes)} of {format_bytes(stage.budget_bytes)}; "
+            f"checkpointed: {regions}"
+        )
+    return lines

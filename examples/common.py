@@ -77,6 +77,23 @@ def batch(workload: Workload, plan: Plan, rank: int, step: int, device: torch.de
     return tuple(v.to(device) for v in inputs)
 
 
+def microbatch_seed(step: int, stage: int, microbatch: int) -> int:
+    """The dropout seed of a pipeline stage's forward of one microbatch."""
+    return 20_000 + 1_000 * step + 100 * stage + microbatch
+
+
+def pipeline_batch(
+    shapes: list[torch.Tensor], size: int, step: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pipeline step's whole batch of tokens and targets, the same on every rank: shaped as
+    the first stage's input, drawn below the last stage's output width (the vocabulary)."""
+    generator = torch.Generator().manual_seed(10_000 + step)
+    vocab = shapes[-1].shape[-1]
+    tokens = torch.randint(0, vocab, (size, *shapes[0].shape[1:]), generator=generator)
+    targets = torch.randint(0, vocab, tokens.shape, generator=generator)
+    return tokens.to(device), targets.to(device)
+
+
 def loss_of(workload: Workload, model: torch.nn.Module, inputs: Inputs) -> torch.Tensor:
     return workload.loss(call_model(model, inputs))
 

@@ -60,7 +60,7 @@ def stage_module(model: PipeGPT, blocks: list[str], first: bool, last: bool) -> 
     return model
 
 
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def pipeline_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
@@ -76,4 +76,4 @@ def loss_fn(output: torch.Tensor) -> torch.Tensor:
     """The pipeline's loss against targets of the same shape (their values do not change
     what the step allocates): the last stage's ``cross_entropy(logits, targets)``."""
     targets = torch.zeros(output.shape[:2], dtype=torch.long, device=output.device)
-    return cross_entropy(output, targets)
+    return pipeline_loss(output, targets)
