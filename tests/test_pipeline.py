@@ -105,9 +105,9 @@ def test_a_batch_that_does_not_split_into_microbatches_is_refused() -> None:
 
 def test_cli_refuses_bad_pipeline_flags_in_one_line() -> None:
     command = [sys.executable, "-m", "ckptplan", "solve", str(MODEL), "--budget", "80%"]
+    command += ["--batch-size", "8", "--pipeline-stages", "2", "--microbatches", "1"]
     done = subprocess.run(
-        [*command, *("--batch-size", "8", "--pipeline-stages", "2", "--microbatches", "1")]
-        + ["--schedule", "1f1b"],
+        [*command, "--schedule", "1f1b"],
         capture_output=True,
         text=True,
     )
