@@ -101,6 +101,11 @@ def _pipeline_peak(stages: Sequence[_Stage], schedules: Sequence[Schedule]) -> i
 #     until its backward. A non-first stage's input is its receive buffer, so the stage's
 #     chain leaves that input out. The last stage's outputs are also kept in ``output_chunks``
 #     unless the schedule runs with ``return_outputs=False`` (examples/train_pipeline.py does).
+#     Measured by ``RankMemory`` on the example (1F1B, 2 stages, 4 microbatches of 2, budget
+#     1,877,838 B): rank 0 peaked at 1,839,384 B against 1,847,458 B predicted (0.4% over the
+#     measurement), rank 1 at 1,543,980 B against 1,517,342 B (1.7% under it). The last stage's
+#     ``fwd_cache`` keeps its output (the logits) too, which the profile does not size apart
+#     from the loss; the budget's margin and the other stages' slack covered it there.
 
 
 def _stage(

@@ -241,3 +241,29 @@ def test_the_pipeline_example_fits_each_stage_and_matches_one_process(
             assert torch.allclose(measured[name], grad, atol=1e-6, rtol=0), (rank, name)
     last = torch.load(tmp_path / "report" / "rank1.pt")
     assert last["losses"] == pytest.approx(losses, abs=1e-6, rel=0)
+
+
+def test_interleaved_stages_share_their_rank_budget() -> None:
+    plan = solve("interleaved-1f1b", stages_per_rank=2)
+    assert [s.rank for s in plan.stages] == [0, 1, 0, 1]
+    assert [s.in_flight for s in plan.stages] == [4, 3, 2, 1]
+    assert sum(len(s.blocks) for s in plan.stages) == 6
+    for rank in (0, 1):
+        peaks = {s.predicted_peak_bytes for s in plan.stages if s.rank == rank}
+        assert len(peaks) == 1 and peaks.pop() <= plan.budget["bytes"]
+
+
+def test_data_parallel_stages_hold_their_share_of_the_sharded_state(one_f_one_b: Plan) -> None:
+    pipeline = Pipeline(stages=2, microbatches=MICROBATCHES, schedule="1f1b")
+    sharded = ckptplan.solve_pipeline(
+        MODEL,
+        budget=str(one_f_one_b.budget["bytes"]),
+        batch_size=BATCH,
+        blocks="layers.*",
+        pipeline=pipeline,
+        world_size=2,
+        parallel="fsdp",
+    )
+    assert (sharded.settings["world_size"], sharded.settings["parallel"]) == (2, "fsdp")
+    for alone, shard in zip(one_f_one_b.stages, sharded.stages, strict=True):
+        assert shard.predicted["fixed_bytes"] < alone.predicted["fixed_bytes"]
