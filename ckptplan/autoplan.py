@@ -89,6 +89,11 @@ def apply(
                 f"one of them: {_USAGE}"
             )
         return apply_plan(model, plan, force, stage)
+    if stage is not None:
+        raise CkptplanError(
+            "stage= applies one section of a pipeline plan; pass the plan (from "
+            "ckptplan.solve_pipeline or solve --pipeline-stages) with it"
+        )
     if budget is None:
         raise CkptplanError(f"ckptplan.apply needs a plan or budget=: {_USAGE}")
     the_plan = cached_plan(

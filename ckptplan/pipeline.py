@@ -18,6 +18,7 @@ plan's peak grows with the dp solver's target, so each rank bisects it (Note [wh
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -282,7 +283,8 @@ def solve_pipeline(
 
 
 def _admitting(peak: int, margin: float) -> int:
-    return -(-peak * 100 // round(100 - margin)) if margin else peak
+    """The least budget whose share outside the margin holds ``peak``."""
+    return math.ceil(peak / (1 - margin / 100))
 
 
 def _fit(

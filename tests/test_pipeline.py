@@ -267,3 +267,9 @@ def test_data_parallel_stages_hold_their_share_of_the_sharded_state(one_f_one_b:
     assert (sharded.settings["world_size"], sharded.settings["parallel"]) == (2, "fsdp")
     for alone, shard in zip(one_f_one_b.stages, sharded.stages, strict=True):
         assert shard.predicted["fixed_bytes"] < alone.predicted["fixed_bytes"]
+
+
+def test_stage_without_a_plan_is_refused() -> None:
+    source = model_file()
+    with pytest.raises(CkptplanError, match="stage= applies one section of a pipeline plan"):
+        ckptplan.apply(source.build_model(), budget="80%", example_inputs=(1,), stage=0)
