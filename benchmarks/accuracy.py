@@ -31,6 +31,7 @@ from ckptplan.api import plan_from_schedule
 from ckptplan.budget import format_bytes
 from ckptplan.loading import load_model_file
 from ckptplan.measure import fake_run_peak
+from ckptplan.memtrack import keep_freed_host_memory
 from ckptplan.problem import to_chain
 from ckptplan.solvers import run_solver
 from ckptplan.solvers.chain import simulate
@@ -85,6 +86,7 @@ def cases(model: Path, repeats: int) -> list[dict]:
 
 
 def main() -> None:
+    keep_freed_host_memory()  # steady CPU step times; the library leaves malloc alone
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--repeats", type=int, default=5)

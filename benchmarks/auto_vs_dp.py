@@ -24,6 +24,7 @@ import torch
 import ckptplan
 from ckptplan.loading import load_model_file
 from ckptplan.measure import interleaved_step_times
+from ckptplan.memtrack import keep_freed_host_memory
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "auto_vs_dp.json"
@@ -73,6 +74,7 @@ def model_path(name: str) -> Path:
 
 
 def main() -> None:
+    keep_freed_host_memory()  # steady CPU step times; the library leaves malloc alone
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--repeats", type=int, default=9)

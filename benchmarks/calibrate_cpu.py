@@ -30,6 +30,7 @@ import torch
 import ckptplan
 from ckptplan.costs import OpRecord
 from ckptplan.devices import op_kind
+from ckptplan.memtrack import keep_freed_host_memory
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "cpu_calibration.json"
@@ -97,6 +98,7 @@ def fit(all_phases: Sequence[Phase], start: dict[str, float]) -> dict[str, float
 
 
 def main() -> None:
+    keep_freed_host_memory()  # steady CPU step times; the library leaves malloc alone
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")

@@ -24,6 +24,7 @@ from rich.console import Console
 
 import ckptplan
 from ckptplan.loading import load_model_file
+from ckptplan.memtrack import keep_freed_host_memory
 from ckptplan.profiler import Settings
 from ckptplan.report import show_sweep
 from ckptplan.sweep import SweepOptions, SweepPoint, save_plot, sweep
@@ -71,6 +72,7 @@ def auto_against_full(model: Path, repeats: int) -> dict[str, float]:
 
 
 def main() -> None:
+    keep_freed_host_memory()  # steady CPU step times; the library leaves malloc alone
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--points", type=int, default=6)

@@ -40,6 +40,7 @@ from ckptplan.devices import get_device
 from ckptplan.errors import BelowLeastPeak, CkptplanError
 from ckptplan.loading import call_model, load_model_file
 from ckptplan.measure import measure_change
+from ckptplan.memtrack import keep_freed_host_memory
 from ckptplan.opsequence import first_divergence, step_ops
 from ckptplan.plan import Plan
 from ckptplan.training import cast_model, training_conventions
@@ -213,6 +214,7 @@ def summary(rows: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
+    keep_freed_host_memory()  # steady CPU step times; the library leaves malloc alone
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", help="comma-separated zoo file stems (default: all)")
     parser.add_argument("--scopes", default="step,activations")

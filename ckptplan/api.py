@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ckptplan.budget import format_budget_at_least, format_bytes, parse_budget
+from ckptplan.callerstate import keeps_random_state
 from ckptplan.devices import get_device
 from ckptplan.distributed import per_rank
 from ckptplan.errors import BelowLeastPeak, CkptplanError, option
@@ -102,6 +103,7 @@ def _settings(
     )
 
 
+@keeps_random_state
 @renamed_keywords(device="target")
 def profile(
     model: ModelArg,
@@ -138,6 +140,7 @@ def _profiling(settings: Settings) -> str:
     return "profiling one training step on fake tensors"
 
 
+@keeps_random_state
 @renamed_keywords(device="target")
 def solve(
     model: ModelArg,
@@ -434,6 +437,7 @@ def _below_least_peak(
     )
 
 
+@keeps_random_state
 @renamed_keywords(device="target")
 def optimality_gap_of_auto(
     model: ModelArg,
@@ -533,6 +537,7 @@ def _regions(
     return tuple(region for _, region in sorted(regions, key=lambda r: r[0]))
 
 
+@keeps_random_state
 @renamed_keywords(device="run_on")
 def verify(
     model: ModelArg,

@@ -33,6 +33,7 @@ from ckptplan.cli_options import (
     progress_display,
     run_on_option,
     step_options,
+    tune_for_timing,
     writable_destination,
 )
 from ckptplan.errors import DEBUG_ENV
@@ -164,6 +165,9 @@ def solve(
     """Profile MODEL on fake tensors and find the plan that fits BUDGET."""
     from ckptplan.api import solve as solve_plan
     from ckptplan.report import show_plan
+
+    if step.measure:
+        tune_for_timing()
 
     if output:
         writable_destination(output)
@@ -315,6 +319,9 @@ def profile_command(model: str, depth: int, top: int, step: StepOptions, as_json
     from ckptplan.api import profile
     from ckptplan.report import profile_json, show_profile
 
+    if step.measure:
+        tune_for_timing()
+
     with progress_display(as_json) as progress:
         result = profile(model, progress=progress, **step.keywords())
     if as_json:
@@ -413,6 +420,7 @@ def verify(
     from ckptplan.api import verify as verify_plan
     from ckptplan.report import show_verification
 
+    tune_for_timing()
     with progress_display(as_json) as progress:
         result = verify_plan(
             model, plan_file, run_on=run_on, repeats=repeats, force=force, progress=progress

@@ -345,3 +345,12 @@ def pipeline_options(command: Callable[..., Any]) -> Callable[..., Any]:
         return command(*args, pipeline=pipeline, **kwargs)
 
     return _apply(_PIPELINE_OPTIONS, wrapper)
+
+
+def tune_for_timing() -> None:
+    """glibc's malloc set to keep freed memory, for a command that times steps on the CPU: a
+    process-wide setting the library never makes for its callers (``ckptplan.callerstate``),
+    harmless in the CLI's own process."""
+    from ckptplan.memtrack import keep_freed_host_memory
+
+    keep_freed_host_memory()

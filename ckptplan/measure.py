@@ -35,7 +35,6 @@ from ckptplan.memtrack import (
     CompiledStepTracker,
     LiveStorageTracker,
     gradients_counted,
-    keep_freed_host_memory,
     rng_states_counted,
     storage_bytes,
 )
@@ -276,8 +275,6 @@ def _compare(
         if target.type == "cpu" and track
         else None
     )
-    if target.type == "cpu":
-        keep_freed_host_memory()
     times = _paired_times(model_file, runs, target, repeats)
     ratios = _pair_ratios(times)
     return Comparison(
@@ -459,7 +456,6 @@ def interleaved_step_times(
     for name, plan in plans.items():
         model = apply(copy.deepcopy(baseline_model), plan)
         runs[name] = _Run(model, make_optimizer(optimizer, model), inputs, settings.get("autocast"))
-    keep_freed_host_memory()
     for run in runs.values():  # warm-up: optimizer state, allocator pools
         _timed(model_file, run, target)
     return _paired_times(model_file, runs, target, repeats)

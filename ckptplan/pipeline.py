@@ -27,6 +27,7 @@ import torch
 
 from ckptplan import api
 from ckptplan.budget import format_budget_at_least, format_bytes, parse_budget
+from ckptplan.callerstate import keeps_random_state
 from ckptplan.devices import get_device
 from ckptplan.errors import BelowLeastPeak, CkptplanError, option
 from ckptplan.loading import Inputs
@@ -182,6 +183,7 @@ def _parameter_share(prof: Profile, start: int, end: int, first: bool, last: boo
     return own / total
 
 
+@keeps_random_state
 def solve_pipeline(
     model: api.ModelArg,
     example_inputs: Inputs | None = None,

@@ -48,7 +48,6 @@ from ckptplan.memtrack import (
     LiveStorageTracker,
     Phase,
     gradients_counted,
-    keep_freed_host_memory,
     storage_bytes,
 )
 from ckptplan.profile_types import _EVENTS, BlockProfile, Gap, Profile, Settings
@@ -324,7 +323,6 @@ def _measured_ops(
     minutes apart, the optimizer's share 1% or 20%), which skews the split between forward and
     the rest that the predicted overhead is made of.
     """
-    keep_freed_host_memory()
     torch.manual_seed(0)
     model, inputs, _ = _prepared(model_file.build(), model_file.inputs(settings.batch_size), dtype)
     blocks = [(path, model.get_submodule(path)) for path in paths]

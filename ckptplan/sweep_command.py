@@ -15,6 +15,7 @@ from ckptplan.cli_options import (
     progress_display,
     run_on_option,
     step_options,
+    tune_for_timing,
     writable_destination,
 )
 
@@ -80,6 +81,8 @@ def sweep_command(
 
     for path in plots:
         writable_destination(path, "--plot")
+    if run_verify or step.measure:
+        tune_for_timing()
     parsed = parse_budget(budget) if budget is not None else None
     workload = load_workload(model)
     options = SweepOptions(points=points, verify=run_verify, repeats=repeats, run_on=run_on)

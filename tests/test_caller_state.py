@@ -1,0 +1,38 @@
+"""The library leaves its caller's process as it was: torch's random stream, glibc's malloc."""
+
+from __future__ import annotations
+
+import ctypes.util
+
+import pytest
+import torch
+
+import ckptplan
+from tests.conftest import MODELS
+
+MODEL = MODELS / "tiny_gpt.py"
+
+
+@pytest.fixture
+def malloc_calls(monkeypatch) -> list[str]:
+    """The C libraries looked up while the test runs (malloc tuning looks up libc)."""
+    calls: list[str] = []
+    found = ctypes.util.find_library
+
+    def recording(name: str) -> str | None:
+        calls.append(name)
+        return found(name)
+
+    monkeypatch.setattr(ctypes.util, "find_library", recording)
+    return calls
+
+
+def test_solve_profile_and_verify_keep_the_callers_random_stream(malloc_calls) -> None:
+    torch.manual_seed(1234)
+    expected = torch.rand(4)
+    torch.manual_seed(1234)
+    ckptplan.profile(MODEL, measure=True)
+    plan = ckptplan.solve(MODEL, budget="70%", solver="dp")
+    ckptplan.verify(MODEL, plan, run_on="cpu", repeats=1)
+    assert torch.equal(torch.rand(4), expected), "the caller's random stream moved"
+    assert "c" not in malloc_calls, "the library tuned glibc's malloc for the whole process"
