@@ -13,9 +13,10 @@ compilation to the same partition.
 
 Example:
     >>> log = Partition()
-    >>> model = CompiledModel(torch.nn.Linear(4, 4), partitioning_backend(log))
-    >>> model(torch.randn(2, 4, requires_grad=True)).sum().backward()
-    >>> log.graphs, log.saved_bytes   # the input, saved for the weight's gradient
+    >>> net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    >>> model = CompiledModel(net, partitioning_backend(log))
+    >>> model(torch.randn(2, 4)).sum().backward()
+    >>> log.graphs, log.saved_bytes   # tanh's output: its own gradient and the last weight's
     (1, 32)
 """
 
