@@ -88,7 +88,7 @@ class Pipeline:
         if split is not None and (
             len(split) != self.chunks or min(split) < 1 or sum(split) != blocks
         ):
-            text = ",".join(map(str, self.split))
+            text = ",".join(map(str, split))
             raise CkptplanError(
                 f"{option('stage_split', text)}: give {self.chunks} block counts of at least "
                 f"1 that add up to the chain's {blocks} blocks, e.g. "

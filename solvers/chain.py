@@ -327,7 +327,9 @@ def runs(
 ) -> list[tuple[int, int, bool, int | None]]:
     """Split the chain into checkpointed segments, nested enclosures (by index) and single
     unchecked blocks, in order: (start, end, checkpointed, enclosure or None)."""
-    pieces = [(s, e, None) for s, e in validate_segments(chain, segments)]
+    pieces: list[tuple[int, int, int | None]] = [
+        (s, e, None) for s, e in validate_segments(chain, segments)
+    ]
     pieces += [(chain.enclosures[k].start, chain.enclosures[k].end, k) for k in nested]
     out: list[tuple[int, int, bool, int | None]] = []
     position = 0

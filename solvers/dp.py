@@ -121,7 +121,7 @@ def _stages(
         candidates: list[tuple[float, float, int, int]] = []
         runs = _runs(chain, s, longest, selective)
         before = befores[s] if bound else None
-        top = bound.budget + before.most_saving if bound else math.inf
+        top = bound.budget + before.most_saving if bound and before is not None else math.inf
         figures = _figures(chain, s, longest, selective)
         for index, run in enumerate(runs):
             rest = stages[run[1]]
@@ -133,7 +133,7 @@ def _stages(
             # Points that fall below the run's own peak all become it: the cheapest is last.
             lo = max(0, bisect.bisect_right(rest.q, local + saving) - 1)
             hi = len(rest.q)
-            if bound:
+            if bound and before is not None:
                 # What the blocks before must spend bounds both ends: its least, to save what
                 # the run's own peak asks, and the most it can save in the time left.
                 spare = limit - time - before.least_time(local - bound.budget)
@@ -150,7 +150,11 @@ def _stages(
         for q, cost, index, j in candidates:
             if cost < best - 1e-12:
                 best = cost
-                if bound and cost + before.least_time(q - bound.budget) > limit:
+                if (
+                    bound
+                    and before is not None
+                    and cost + before.least_time(q - bound.budget) > limit
+                ):
                     continue
                 stage.q.append(q)
                 stage.cost.append(cost)

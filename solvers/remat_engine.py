@@ -590,15 +590,12 @@ class StageModel:
         freed_after: dict[int, list[tuple[int, cp_model.IntVar]]] = {}
         for (i, k), f in frees.items():
             freed_after.setdefault(k, []).append((i, f))
-        previous: cp_model.LinearExprT = sum(mem[i] * s for i, s in S.items())
+        previous = cp_model.LinearExpr.sum([mem[i] * s for i, s in S.items()])
         prev_k: int | None = None
         for k in sorted(R):
             u = model.new_int_var(0, self.cap, f"U{t}_{k}")
-            released = (
-                sum(mem[i] * f for i, f in freed_after.get(prev_k, []))
-                if (prev_k is not None)
-                else 0
-            )
+            freed = freed_after.get(prev_k, []) if prev_k is not None else []
+            released = cp_model.LinearExpr.sum([mem[i] * f for i, f in freed])
             model.add(u == previous - released + mem[k] * R[k])
             self.U[t][k] = u
             previous, prev_k = u, k
@@ -613,8 +610,8 @@ class StageModel:
         for t, stage in enumerate(stages):
             for k in stage:
                 for p in g.preds[k]:
-                    for u in range(latest[p] + 1, t + 1):
-                        resident[u].add(p)
+                    for later_stage in range(latest[p] + 1, t + 1):
+                        resident[later_stage].add(p)
                 latest[k] = t
         for t in range(n):
             for i, r in self.R[t].items():
@@ -631,7 +628,8 @@ class StageModel:
             running = sum(mem[i] for i in self.S[t] if i in resident[t])
             prev_k: int | None = None
             for k, u in self.U[t].items():
-                running += (mem[k] if k in computed[t] else 0) - freed.get(prev_k, 0)
+                released = freed.get(prev_k, 0) if prev_k is not None else 0
+                running += (mem[k] if k in computed[t] else 0) - released
                 model.add_hint(u, running)
                 prev_k = k
 
