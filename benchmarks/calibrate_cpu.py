@@ -28,9 +28,9 @@ from pathlib import Path
 import torch
 
 import ckptplan
-from ckptplan.costs import OpRecord
 from ckptplan.devices import op_kind
 from ckptplan.memtrack import keep_freed_host_memory
+from ckptplan.profile_types import OpRecord
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "cpu_calibration.json"

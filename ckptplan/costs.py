@@ -17,7 +17,6 @@ import time
 import weakref
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,52 +26,7 @@ from torch.utils.module_tracker import ModuleTracker
 
 from ckptplan.devices import Device, op_kind
 from ckptplan.memtrack import real_storage_bytes
-
-
-@dataclass
-class OpRecord:
-    """One aten op of the step, as the profile reports it."""
-
-    op: str
-    phase: str
-    module: str
-    backward: bool
-    output_bytes: int
-    saved_bytes: int
-    """Bytes autograd saved between this op and the next (see ``OpRecorder.note_saved``)."""
-    flops: float
-    time: float
-    random: bool
-    inplace: bool
-    mutated_later: bool = False
-    """An in-place op later overwrites this op's output (so it cannot be cached for reuse)."""
-    inputs: tuple[int, ...] = ()
-    """Indices (in the step's records) of the ops whose outputs this op reads: per tensor
-    argument, the latest op that wrote its storage. Parameters, inputs and other tensors made
-    outside the recording have no producer and are left out."""
-    allocated_bytes: int = 0
-    """Bytes of the storages this op brought into being (none for in-place ops and aliases)."""
-    overwritten_bytes: int = 0
-    """Bytes of recorded ops' storages this op overwrote in place (a new version of them)."""
-    moved_bytes: int = 0
-    """Bytes of its tensor arguments and outputs: what the roofline's memory side moves."""
-    half: bool = False
-    """Its outputs are bf16/fp16 (tensor-core math on a GPU)."""
-
-
-def block_forward_records(records: Sequence[OpRecord], blocks: int) -> list[list[OpRecord]]:
-    """Each of ``blocks`` blocks' forward ops, in the order a selective policy sees them."""
-    forward: dict[str, list[OpRecord]] = {}
-    for op in records:
-        if op.phase.startswith("fwd:") and not op.backward:
-            forward.setdefault(op.phase, []).append(op)
-    return [forward.get(f"fwd:{i}", []) for i in range(blocks)]
-
-
-def replayed_count(ops: Sequence[OpRecord]) -> int:
-    """How many of a block's forward ops its recomputation runs: up to the last one that saves
-    a tensor for backward, where recomputation stops once every saved tensor is back."""
-    return max((i + 1 for i, op in enumerate(ops) if op.saved_bytes > 0), default=0)
+from ckptplan.profile_types import OpRecord
 
 
 def _sdpa_cpu_flops(args: tuple[Any, ...], backward: bool) -> float:

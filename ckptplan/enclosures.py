@@ -23,17 +23,7 @@ from typing import Any
 import torch
 
 from ckptplan.memtrack import LiveStorageTracker
-
-
-@dataclass(frozen=True)
-class EnclosingModule:
-    """A module whose one call runs units ``[start, end)`` and, if ``encloses_gap``, the code
-    between unit ``end - 1`` and the next (its own code after its blocks)."""
-
-    path: str
-    start: int
-    end: int
-    encloses_gap: bool = False
+from ckptplan.profile_types import EnclosingModule
 
 
 @dataclass

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from ckptplan.costs import OpRecord, phase_totals
-from ckptplan.profile_types import BlockProfile, Profile
+from ckptplan.costs import phase_totals
+from ckptplan.profile_types import BlockProfile, OpRecord, Profile
 
 Role = tuple[int, int]
 """``(0, position in the run)`` for a block of the run, ``(-1, index in the full chain)`` for

@@ -17,11 +17,16 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from ckptplan.costs import OpRecord, block_forward_records, replayed_count
 from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError
 from ckptplan.options import SCOPES
-from ckptplan.profiler import BlockProfile, Profile
+from ckptplan.profile_types import (
+    BlockProfile,
+    OpRecord,
+    Profile,
+    block_forward_records,
+    replayed_count,
+)
 from ckptplan.solvers.chain import AfterCode, BlockOption, Chain, ChainBlock, Enclosure
 from ckptplan.solvers.selective import SaveItem, Selection, frontier
 

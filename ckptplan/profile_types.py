@@ -1,4 +1,6 @@
-"""What a profile is made of: the settings it was made for, each block's figures, the step's.
+"""What a profile is made of: the settings it was made for, each block's figures, the step's,
+its op records and the modules enclosing its blocks. Plain data, importable without torch, so
+that the stages reading a profile (the problem, reports, plans) need not import its producer.
 
 ``ckptplan.profiler`` makes them from a traced step; ``ckptplan.expand`` extrapolates them over
 repeated blocks; the solvers, reports and plans read them.
@@ -6,11 +8,67 @@ repeated blocks; the solvers, reports and plans read them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptplan.costs import OpRecord
-from ckptplan.enclosures import EnclosingModule
+
+@dataclass
+class OpRecord:
+    """One aten op of the step, as the profile reports it."""
+
+    op: str
+    phase: str
+    module: str
+    backward: bool
+    output_bytes: int
+    saved_bytes: int
+    """Bytes autograd saved between this op and the next (see ``OpRecorder.note_saved``)."""
+    flops: float
+    time: float
+    random: bool
+    inplace: bool
+    mutated_later: bool = False
+    """An in-place op later overwrites this op's output (so it cannot be cached for reuse)."""
+    inputs: tuple[int, ...] = ()
+    """Indices (in the step's records) of the ops whose outputs this op reads: per tensor
+    argument, the latest op that wrote its storage. Parameters, inputs and other tensors made
+    outside the recording have no producer and are left out."""
+    allocated_bytes: int = 0
+    """Bytes of the storages this op brought into being (none for in-place ops and aliases)."""
+    overwritten_bytes: int = 0
+    """Bytes of recorded ops' storages this op overwrote in place (a new version of them)."""
+    moved_bytes: int = 0
+    """Bytes of its tensor arguments and outputs: what the roofline's memory side moves."""
+    half: bool = False
+    """Its outputs are bf16/fp16 (tensor-core math on a GPU)."""
+
+
+def block_forward_records(records: Sequence[OpRecord], blocks: int) -> list[list[OpRecord]]:
+    """Each of ``blocks`` blocks' forward ops, in the order a selective policy sees them."""
+    forward: dict[str, list[OpRecord]] = {}
+    for op in records:
+        if op.phase.startswith("fwd:") and not op.backward:
+            forward.setdefault(op.phase, []).append(op)
+    return [forward.get(f"fwd:{i}", []) for i in range(blocks)]
+
+
+def replayed_count(ops: Sequence[OpRecord]) -> int:
+    """How many of a block's forward ops its recomputation runs: up to the last one that saves
+    a tensor for backward, where recomputation stops once every saved tensor is back."""
+    return max((i + 1 for i, op in enumerate(ops) if op.saved_bytes > 0), default=0)
+
+
+@dataclass(frozen=True)
+class EnclosingModule:
+    """A module whose one call runs units ``[start, end)`` and, if ``encloses_gap``, the code
+    between unit ``end - 1`` and the next (its own code after its blocks)."""
+
+    path: str
+    start: int
+    end: int
+    encloses_gap: bool = False
+
 
 _EVENTS = {
     "fwd:pre": "forward before the blocks",

@@ -36,7 +36,7 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-from ckptplan.costs import OpRecord, OpRecorder, block_forward_records, replayed_count
+from ckptplan.costs import OpRecorder
 from ckptplan.devices import Device, get_device
 from ckptplan.enclosures import EnclosureRecorder
 from ckptplan.errors import CkptplanError, option, raised_by_ckptplan
@@ -50,7 +50,16 @@ from ckptplan.memtrack import (
     gradients_counted,
     storage_bytes,
 )
-from ckptplan.profile_types import _EVENTS, BlockProfile, Gap, Profile, Settings
+from ckptplan.profile_types import (
+    _EVENTS,
+    BlockProfile,
+    Gap,
+    OpRecord,
+    Profile,
+    Settings,
+    block_forward_records,
+    replayed_count,
+)
 from ckptplan.replicate import MIN_RUN, CallSignatures, Run, find_runs, replicated
 from ckptplan.steprecorder import QuietModuleTracker as _ModuleTracker
 from ckptplan.steprecorder import StepRecorder

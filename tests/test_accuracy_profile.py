@@ -11,11 +11,12 @@ from torch.utils.module_tracker import ModuleTracker
 import ckptplan
 from ckptplan import measure, profiler
 from ckptplan.api import plan_from_schedule
-from ckptplan.costs import OpRecord, OpRecorder
+from ckptplan.costs import OpRecorder
 from ckptplan.devices import get_device
 from ckptplan.loading import load_model_file
 from ckptplan.measure import fake_run_peak
 from ckptplan.problem import to_chain
+from ckptplan.profile_types import OpRecord
 from ckptplan.profiler import Settings, profile_model
 from ckptplan.solvers.chain import simulate
 from tests.conftest import ROOT

@@ -13,11 +13,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import ckptplan
 from ckptplan.api import plan_from_schedule, selective_pays
-from ckptplan.costs import OpRecord
 from ckptplan.loading import load_model_file
 from ckptplan.measure import fake_run_peak
 from ckptplan.plan import Plan
 from ckptplan.problem import block_forward_ops, op_names, save_items, selective_menus, to_chain
+from ckptplan.profile_types import OpRecord
 from ckptplan.profiler import Settings, profile_model
 from ckptplan.solvers import run_solver
 from ckptplan.solvers.selective import SaveItem, frontier

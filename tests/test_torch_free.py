@@ -1,0 +1,45 @@
+"""The modules that must import without torch: the solvers, the boundary types every stage
+reads (the plan, the profile's data, the options), the problem that turns a profile into the
+solvers' plain numbers, and the CLI's entry (``ckptplan remat`` and ``show`` need no torch)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+TORCH_FREE = (
+    "solvers",
+    "solvers.chain",
+    "solvers.dp",
+    "solvers.selective",
+    "solvers.remat",
+    "ckptplan.plan",
+    "ckptplan.profile_types",
+    "ckptplan.problem",
+    "ckptplan.pipeline_types",
+    "ckptplan.options",
+    "ckptplan.devices",
+    "ckptplan.budget",
+    "ckptplan.errors",
+    "ckptplan.remat_command",
+    "ckptplan.cli",
+)
+
+
+def imports_without_torch(module: str) -> subprocess.CompletedProcess[str]:
+    """``import module`` in a fresh interpreter where any import of torch raises."""
+    code = f"import sys; sys.modules['torch'] = None; import {module}"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("module", TORCH_FREE)
+def test_the_module_imports_with_torch_blocked(module: str) -> None:
+    done = imports_without_torch(module)
+    assert done.returncode == 0, f"{module} needs torch: {done.stderr.strip().splitlines()[-1]}"
+
+
+def test_blocking_torch_is_seen() -> None:
+    done = imports_without_torch("ckptplan.profiler")
+    assert done.returncode != 0, "the profiler traces with torch: the block must stop it"
