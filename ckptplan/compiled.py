@@ -83,6 +83,7 @@ def _bytes(shape: tuple[int, ...], dtype: str) -> int:
 def partitioning_backend(log: Partition) -> Callable[..., Any]:
     """A ``torch.compile`` backend that partitions as inductor does and runs eager kernels."""
     from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch import config as functorch_config
     from torch._guards import detect_fake_mode
     from torch._inductor.compile_fx import partition_fn, select_decomp_table
     from torch._inductor.virtualized import V
@@ -101,12 +102,19 @@ def partitioning_backend(log: Partition) -> Callable[..., Any]:
         with V.set_fake_mode(detect_fake_mode(inputs)):
             return partition_fn(graph, inputs, **kwargs)
 
-    return aot_autograd(
+    compile_step = aot_autograd(
         fw_compiler=forward,
         bw_compiler=backward,
         decompositions=select_decomp_table,  # read when compiling: it follows fallback_random
         partition_fn=partition,
     )
+
+    def backend(graph: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        # A hit in AOTAutograd's cache would skip the partition, and with it the record.
+        with functorch_config.patch(enable_autograd_cache=False):
+            return compile_step(graph, example_inputs)
+
+    return backend
 
 
 def _freeing(graph: torch.fx.GraphModule) -> Callable[[list[Any]], Any]:
