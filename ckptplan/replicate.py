@@ -113,6 +113,11 @@ class CallSignatures(TorchDispatchMode):
         finally:
             for handle in handles:
                 handle.remove()
+            if self._active:
+                # A forward that raised skipped the hook that leaves the mode: leave it here,
+                # or it stays on torch's mode stack (every later op, and torch.compile, see it).
+                self._active.clear()
+                self.__exit__(None, None, None)
             self._held.clear()
 
     def _pre(self, path: str) -> Callable[..., None]:
