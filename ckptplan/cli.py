@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import click
 
@@ -39,6 +40,7 @@ from ckptplan.cli_options import (
 from ckptplan.errors import DEBUG_ENV
 from ckptplan.options import SCOPES
 from ckptplan.pipeline_types import Pipeline, stage_lines
+from ckptplan.plan import Plan
 from ckptplan.remat_command import remat
 from ckptplan.solvers import SOLVERS
 from ckptplan.sweep_command import sweep_command
@@ -164,7 +166,6 @@ def solve(
 ) -> None:
     """Profile MODEL on fake tensors and find the plan that fits BUDGET."""
     from ckptplan.api import solve as solve_plan
-    from ckptplan.report import show_plan
 
     if step.measure:
         tune_for_timing()
@@ -203,28 +204,41 @@ def solve(
             progress=progress,
             **step.keywords(),
         )
+    summary = {
+        "predicted_peak_bytes": plan.predicted["peak_bytes"],
+        "predicted_overhead": plan.predicted["overhead"],
+        "solver": plan.solver,
+        "regions": [list(r.modules) for r in plan.regions],
+    }
+    use = f"in training: model = ckptplan.apply(model, {output!r})"
+    _deliver(plan, output, as_json, summary, [], use)
+
+
+def _deliver(
+    plan: Plan,
+    output: str | None,
+    as_json: bool,
+    summary: dict[str, Any],
+    lines: list[str],
+    use: str,
+) -> None:
+    """A solved plan saved to ``output`` (if any), then printed as JSON (``summary`` beside the
+    plan) or shown with ``lines`` after it and, once saved, how to ``use`` it."""
+    from ckptplan.report import show_plan
+
     if output:
         plan.save(output)
     if as_json:
         print_json(
-            "solve",
-            {
-                "budget_bytes": plan.budget["bytes"],
-                "predicted_peak_bytes": plan.predicted["peak_bytes"],
-                "predicted_overhead": plan.predicted["overhead"],
-                "solver": plan.solver,
-                "regions": [list(r.modules) for r in plan.regions],
-                "plan": plan.to_json(),
-            },
+            "solve", {"budget_bytes": plan.budget["bytes"], **summary, "plan": plan.to_json()}
         )
         return
     out = console()
     show_plan(plan, out)
+    for line in lines:
+        out.print(line, markup=False, highlight=False)
     if output:
-        out.print(
-            f"plan written to [bold]{output}[/]; in training: "
-            f"model = ckptplan.apply(model, {output!r})"
-        )
+        out.print(f"plan written to [bold]{output}[/]; {use}")
 
 
 def _solve_pipeline(
@@ -244,7 +258,6 @@ def _solve_pipeline(
 ) -> None:
     """``solve --pipeline-stages``: one plan with a section per stage (``ckptplan.pipeline``)."""
     from ckptplan.pipeline import solve_pipeline
-    from ckptplan.report import show_plan
 
     if scope != "step" or compiled:
         raise UserError(
@@ -272,27 +285,12 @@ def _solve_pipeline(
             progress=progress,
             **keywords,
         )
-    if output:
-        plan.save(output)
-    if as_json:
-        print_json(
-            "solve",
-            {
-                "budget_bytes": plan.budget["bytes"],
-                "stages": [s.to_json() for s in plan.stages],
-                "plan": plan.to_json(),
-            },
-        )
-        return
-    out = console()
-    show_plan(plan, out)
-    for line in stage_lines(plan):
-        out.print(line, markup=False, highlight=False)
-    if output:
-        out.print(
-            f"plan written to [bold]{output}[/]; in stage i's training script: "
-            f"stage_module = ckptplan.apply(stage_module, {output!r}, stage=i)"
-        )
+    use = (
+        "in stage i's training script: "
+        f"stage_module = ckptplan.apply(stage_module, {output!r}, stage=i)"
+    )
+    summary = {"stages": [s.to_json() for s in plan.stages]}
+    _deliver(plan, output, as_json, summary, stage_lines(plan), use)
 
 
 @cli.command("profile", epilog=MODEL_HELP)
