@@ -38,13 +38,13 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ckptplan.errors import CkptplanError, option
 from ckptplan.memtrack import LiveStorageTracker, storage_key
-from ckptplan.profiler import _EVENTS, BlockProfile, Gap, Profile
+from ckptplan.peak_event import PeakEvent
+from ckptplan.phase import Direction, Phase
+from ckptplan.profile_types import BlockProfile, Gap, Profile
 
 MODES = ("fsdp", "ddp")
 FSDP_GROUP_BYTES = 64
 """Bookkeeping per ``fully_shard`` group (mesh and padding tensors; ~30 B measured on CPU)."""
-
-_LABELS = {text: label for label, text in _EVENTS.items()}
 
 
 def _shifted(gap: Gap | None, forward: int, backward: int) -> Gap | None:
@@ -178,32 +178,33 @@ class _FsdpRank:
 
     def at(self, label: str, where: str) -> int:
         """The change of a phase's live bytes (at its start or its peak)."""
-        kind, _, index = label.partition(":")
-        index = index.removeprefix("gap")
-        if index.isdigit():
-            i = int(index)
-            if kind == "fwd":
+        phase = Phase.parse(label)
+        if phase.index is not None:  # a block, or the code after it
+            if phase.is_forward:
                 extra = 2 * self.p if where == "peak" else 0
                 return self.shift + self.forward_set + extra
-            return self.shift + self.backward_set - self.sharded_later[i]
-        return self.shift + self._outside(label)
+            return self.shift + self.backward_set - self.sharded_later[phase.index]
+        return self.shift + self._outside(phase)
 
-    def _outside(self, label: str) -> int:
-        """Working set and gradient sharding at the events outside the blocks."""
-        if label == "fwd:pre":
+    def _outside(self, phase: Phase | None) -> int:
+        """Working set and gradient sharding at the phases outside the blocks."""
+        if phase == Phase.pre(Direction.FORWARD):
             return 2 * self.root
-        if label == "fwd:post":
+        if phase == Phase.post(Direction.FORWARD):
             return self.root + 2 * self.p
-        if label == "bwd:post":
+        if phase == Phase.post(Direction.BACKWARD):
             return self.backward_set
-        if label == "bwd:pre":
+        if phase == Phase.pre(Direction.BACKWARD):
             return self.backward_set - self.sharded_blocks
-        if label == "opt":
+        if phase == Phase.optimizer():
             return self.root - self.sharded_all
         return -self.sharded_all
 
     def events(self, events: tuple[tuple[int, str], ...]) -> tuple[tuple[int, str], ...]:
-        return tuple((v + self.shift + self._outside(_LABELS.get(e, "")), e) for v, e in events)
+        """The events outside the blocks, each shifted as the phase it peaks in."""
+        return tuple(
+            (v + self.shift + self._outside(PeakEvent.parse(e).phase), e) for v, e in events
+        )
 
 
 class RankMemory(LiveStorageTracker):

@@ -16,93 +16,13 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-import torch
-
 from ckptplan.costs import phase_totals
+from ckptplan.phase import Direction, Phase, Where
 from ckptplan.profile_types import BlockProfile, OpRecord, Profile
-
-Role = tuple[int, int]
-"""``(0, position in the run)`` for a block of the run, ``(-1, index in the full chain)`` for
-any other block."""
-Slot = tuple[Role, int | None]
-"""A block of the target as the 3-block trace's role it copies, and its position when that
-role is the middle."""
-
-
-class NotReplicable(Exception):
-    """The traces are not an exact picture of the whole run; the message says why."""
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where the blocks of one traced (or the full) chain sit."""
-
-    roles: tuple[Role, ...]
-    """The role of each block of the chain, in its order."""
-    length: int
-    """How many blocks the run has in this chain."""
-    paths: tuple[str, ...]
-    """Each block's module path in this chain."""
-    renames: dict[str, str]
-    """Full-model path -> this chain's path of each container child moved by the cut."""
-
-    def index(self, role: Role) -> int:
-        return self.roles.index(role)
-
-    def slot(self, unit: int) -> Slot:
-        """The 3-block role a block of this chain copies, and its middle position."""
-        kind, position = self.roles[unit]
-        if kind == -1 or position == 0:
-            return (kind, position), None
-        if position == self.length - 1:
-            return (0, 2), None
-        return (0, 1), position
-
-    def unit(self, slot: Slot) -> int:
-        (kind, position), copy = slot
-        if kind == -1 or position == 0:
-            return self.index((kind, position))
-        return self.index((0, self.length - 1 if position == 2 else copy))
-
-
-def owners_of_updates(
-    optimizer: torch.optim.Optimizer | None, chain: list[tuple[str, torch.nn.Module]]
-) -> tuple[int, ...]:
-    """The block (or -1) holding each parameter the optimizer updated, in its order."""
-    owner = {id(p): i for i, (_, module) in enumerate(chain) for p in module.parameters()}
-    groups = optimizer.param_groups if optimizer is not None else ()
-    return tuple(owner.get(id(p), -1) for g in groups for p in g["params"] if p.grad is not None)
-
-
-def _position(slot: Slot, length: int) -> int:
-    (_, position), copy = slot
-    return copy if copy is not None else (0 if position == 0 else length - 1)
-
-
-def _slot_at(position: int, length: int) -> Slot:
-    if position == 0:
-        return (0, 0), None
-    if position == length - 1:
-        return (0, 2), None
-    if 0 < position < length - 1:
-        return (0, 1), position
-    raise NotReplicable("a block of the run reads one beyond the run")
-
-
-def _relative(owner: Slot | None, ref: Role | None, length: int) -> Slot | None:
-    """The target block that ``owner``'s copy of a reference to ``ref`` names: as many blocks
-    away from it as in the trace."""
-    if ref is None:
-        return None
-    if ref[0] == 0 and owner is not None and owner[0][0] == 0:
-        return _slot_at(_position(owner, length) + ref[1] - owner[0][1], length)
-    if ref == (0, 1):
-        raise NotReplicable("code outside the run reads a block in its middle")
-    return ref, None
+from ckptplan.runlayout import Layout, NotReplicable, Role, Slot, relative, renamed
 
 
 def _affine(base: Any, steps: list[tuple[Any, Any, int]]) -> Any:
@@ -135,17 +55,9 @@ def _affine(base: Any, steps: list[tuple[Any, Any, int]]) -> Any:
     )
 
 
-_LABEL = re.compile(r"(fwd|bwd):(gap)?(\d+)$")
-
-
-def _unit_of(label: str) -> int | None:
-    match = _LABEL.match(label)
-    return None if match is None else int(match[3])
-
-
-def _relabel(label: str, unit: int | None) -> str:
-    match = _LABEL.match(label)
-    return label if match is None or unit is None else f"{match[1]}:{match[2] or ''}{unit}"
+def _moved(phase: Phase, unit: int | None) -> Phase:
+    """``phase`` of block ``unit`` (or the gap after it); outside the blocks, itself."""
+    return phase if unit is None else phase.moved(unit)
 
 
 def _step_role(role: Role) -> Role:
@@ -157,7 +69,7 @@ def _step_role(role: Role) -> Role:
 class _Piece:
     """A stretch of the 3-block trace: a phase's figures (``records`` None) or its records."""
 
-    label: str
+    phase: Phase
     owner: int | None
     """The block it belongs to (its index in the trace), or None outside the blocks."""
     records: range | None = None
@@ -180,7 +92,7 @@ class _Expansion:
         self.length = target.length
         self.middle = self.layout.index((0, 1))
         self.phases = {
-            id(prof): {label: (start, peak) for label, start, peak in prof.phases}
+            id(prof): {Phase.parse(label): (start, peak) for label, start, peak in prof.phases}
             for prof in (self.base, self.step)
         }
         self.container_paths = {new: old for old, new in self.layout.renames.items()}
@@ -211,13 +123,14 @@ class _Expansion:
         pieces = []
         for label, *_ in self.base.phases:
             indices = by_phase.pop(label, [])
-            owner = _unit_of(label)
-            pieces.append(_Piece(label, owner))
-            if label == "opt":
+            phase = Phase.parse(label)
+            pieces.append(_Piece(phase, phase.index))
+            if phase == Phase.optimizer():
                 pieces += self._updates(indices)
             elif indices:
-                kind = (_relabel(label, -1),)
-                pieces.append(_Piece(label, owner, range(indices[0], indices[-1] + 1), kind))
+                kind = (phase.where, phase.direction)
+                span = range(indices[0], indices[-1] + 1)
+                pieces.append(_Piece(phase, phase.index, span, kind))
         if by_phase:
             raise NotReplicable("ops ran outside the step's phases")
         return pieces
@@ -228,12 +141,13 @@ class _Expansion:
         if not indices:
             return []
         start, stop = indices[0], indices[-1] + 1
-        grown = sum(r.phase == "opt" for r in self.step.ops) - len(indices)
+        optimizer = Phase.optimizer()
+        grown = sum(r.phase == optimizer.label for r in self.step.ops) - len(indices)
         per_block = self.owners.count(self.middle)
         if not per_block:
             if grown:
                 raise NotReplicable("the optimizer step grows with blocks it does not update")
-            return [_Piece("opt", None, range(start, stop), ("opt",))]
+            return [_Piece(optimizer, None, range(start, stop), (Where.OPTIMIZER,))]
         each, rest = divmod(grown, per_block)
         names = [r.op for r in self.base.ops[start:stop]]
         updates = each * len(self.owners)
@@ -248,17 +162,19 @@ class _Expansion:
         if head is None:
             raise NotReplicable("the optimizer's ops are not the same for every parameter")
         first = start + head
-        pieces = [_Piece("opt", None, range(start, first), ("opt", "before"))]
+        pieces = [_Piece(optimizer, None, range(start, first), (Where.OPTIMIZER, "before"))]
         for k, owner in enumerate(self.owners):
             ordinal = self.owners[:k].count(owner) if owner != -1 else k
             span = range(first + k * each, first + (k + 1) * each)
-            pieces.append(_Piece("opt", None if owner == -1 else owner, span, ("opt", ordinal)))
-        return [*pieces, _Piece("opt", None, range(first + updates, stop), ("opt", "after"))]
+            kind = (Where.OPTIMIZER, ordinal)
+            pieces.append(_Piece(optimizer, None if owner == -1 else owner, span, kind))
+        after = range(first + updates, stop)
+        return [*pieces, _Piece(optimizer, None, after, (Where.OPTIMIZER, "after"))]
 
     def module(self, path: str, slot: Slot | None) -> str:
         for unit, unit_path in enumerate(self.layout.paths):
             if path == unit_path or path.startswith(unit_path + "."):
-                ref = _relative(slot, self.layout.roles[unit], self.length)
+                ref = relative(slot, self.layout.roles[unit], self.length)
                 assert ref is not None
                 return self.target.paths[self.target.unit(ref)] + path[len(unit_path) :]
         return renamed(renamed(path, self.container_paths), self.target.renames)
@@ -284,7 +200,7 @@ class _Expansion:
             while end < len(pieces) and pieces[end].owner == self.middle:
                 end += 1
             copies = range(1, self.length - 1)
-            for copy in reversed(copies) if pieces[k].label.startswith("bwd:") else copies:
+            for copy in reversed(copies) if pieces[k].phase.is_backward else copies:
                 for piece in pieces[k:end]:
                     self._emit(piece, copy, phases, records, placed, where)
             k = end
@@ -302,10 +218,10 @@ class _Expansion:
         """Append the piece's phase or records, as ``slot``'s block has them; ``placed`` finds
         a record of the target by its kind, offset and block."""
         slot = self.slot(piece.owner, copy)
-        label = _relabel(piece.label, None if slot is None else self.target.unit(slot))
+        label = _moved(piece.phase, None if slot is None else self.target.unit(slot)).label
         if piece.records is None:
             start, peak = self.value(
-                slot, lambda prof, u: self.phases[id(prof)][_relabel(piece.label, u)]
+                slot, lambda prof, u: self.phases[id(prof)][_moved(piece.phase, u)]
             )
             phases.append((label, start, peak))
             return
@@ -314,7 +230,7 @@ class _Expansion:
             inputs = []
             for j in record.inputs:
                 kind, at, role = where[j]
-                key = (kind, at, _relative(slot, role, self.length))
+                key = (kind, at, relative(slot, role, self.length))
                 if key not in placed:
                     raise NotReplicable("an op reads one that runs after it in the whole step")
                 inputs.append(placed[key])
@@ -327,13 +243,6 @@ class _Expansion:
                     inputs=tuple(inputs),
                 )
             )
-
-
-def renamed(path: str, renames: dict[str, str]) -> str:
-    for old, new in renames.items():
-        if path == old or path.startswith(old + "."):
-            return new + path[len(old) :]
-    return path
 
 
 def expanded(
@@ -352,15 +261,17 @@ def expanded(
     for unit, path in enumerate(target.paths):
         slot = target.slot(unit)
         block: BlockProfile = plan.value(slot, lambda prof, u: replace(prof.blocks[u], path=""))
-        gap = block.gap and replace(block.gap, fwd_time=seconds.get(f"fwd:gap{unit}", 0.0))
+        after = Phase.gap(Direction.FORWARD, unit).label
+        gap = block.gap and replace(block.gap, fwd_time=seconds.get(after, 0.0))
+        forward, backward = Phase.forward(unit).label, Phase.backward(unit).label
         blocks.append(
             replace(
                 block,
                 path=path,
-                flops_fwd=flops[f"fwd:{unit}"],
-                flops_bwd=flops[f"bwd:{unit}"],
-                time_fwd=seconds[f"fwd:{unit}"],
-                time_bwd=seconds[f"bwd:{unit}"],
+                flops_fwd=flops[forward],
+                flops_bwd=flops[backward],
+                time_fwd=seconds[forward],
+                time_bwd=seconds[backward],
                 gap=gap,
             )
         )

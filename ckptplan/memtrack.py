@@ -91,7 +91,7 @@ def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
 
 
 @dataclass
-class Phase:
+class TrackedPhase:
     """A labelled stretch of the step: live bytes at its start and the peak within it."""
 
     label: str
@@ -117,7 +117,7 @@ class LiveStorageTracker(TorchDispatchMode):
         which ``max_memory_allocated`` counts; 1 on the CPU."""
         self.live = 0
         self.peak = 0
-        self.phases: list[Phase] = []
+        self.phases: list[TrackedPhase] = []
         self.allocated_in: dict[int, int] = {}
         """Storage key -> index of the phase that created it (to attribute saved tensors)."""
         self._sizes: dict[int, int] = {}
@@ -134,7 +134,7 @@ class LiveStorageTracker(TorchDispatchMode):
     def mark(self, label: str) -> None:
         """Start a new phase now."""
         activations = self.live - self.gradients
-        self.phases.append(Phase(label, self.live, self.live, self.gradients, activations))
+        self.phases.append(TrackedPhase(label, self.live, self.live, self.gradients, activations))
 
     def count_as_gradient(self, tensor: torch.Tensor) -> None:
         """From now on, ``tensor``'s storage is a gradient: still live, but outside the

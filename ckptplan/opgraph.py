@@ -33,9 +33,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from ckptplan.phase import Direction, Phase
 from ckptplan.plan import Plan
 from ckptplan.problem import op_names, region_policy, selective_menus
-from ckptplan.profiler import Profile
+from ckptplan.profile_types import Profile
 from ckptplan.solvers.chain import Chain, Schedule, validate_segments
 from ckptplan.solvers.remat import RematNode, RematProblem, solve
 from ckptplan.solvers.remat_check import check_schedule
@@ -81,21 +82,23 @@ class OpGraph:
 
     def forward_ops(self, block: int) -> list[int]:
         """Op nodes of ``block``'s forward, in order: what its checkpoint recomputes."""
-        phase = f"fwd:{block}"
+        phase = Phase.forward(block).label
         return [v for v, p in enumerate(self.phases) if p == phase]
 
     def backward_ops(self, block: int) -> list[int]:
-        phase = f"bwd:{block}"
+        phase = Phase.backward(block).label
         return [v for v, p in enumerate(self.phases) if p == phase]
 
 
-def _in_graph(phase: str) -> bool:
-    return phase.startswith(("fwd:", "bwd:"))
+def _in_graph(label: str) -> bool:
+    return Phase.parse(label).direction is not None
 
 
-def _block_of(phase: str) -> int | None:
-    label = phase.split(":", 1)[1]
-    return int(label) if label.isdigit() else None
+def _graph_phase(label: str, backward: bool) -> Phase:
+    """An op's phase in the graph: an autograd op that ran inside a forward phase is no
+    block's own."""
+    phase = Phase.parse(label)
+    return Phase.unattributed(Direction.BACKWARD) if backward and phase.is_forward else phase
 
 
 def to_remat_problem(
@@ -134,15 +137,12 @@ def to_remat_problem(
         nodes.append(RematNode(id=link, cost=0, mem=0, name=f"order {v - 1} -> {v}"))
         edges[(v - 1, link)] = None
         edges[(link, v)] = None
-    phases = tuple(
-        "bwd:?" if profile.ops[r].backward and p.startswith("fwd:") else p
-        for r, p in ((r, profile.ops[r].phase) for r in chosen)
-    )
+    phases = tuple(_graph_phase(profile.ops[r].phase, profile.ops[r].backward) for r in chosen)
     return OpGraph(
         problem=RematProblem(tuple(nodes), tuple(edges), name=profile.model_name),
         records=tuple(chosen),
-        phases=phases,
-        blocks=tuple(_block_of(p) for p in phases),
+        phases=tuple(p.label for p in phases),
+        blocks=tuple(p.block_index for p in phases),
         links=links,
         time_unit=time_unit,
     )

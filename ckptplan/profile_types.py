@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ckptplan.phase import Phase
+
 
 @dataclass
 class OpRecord:
@@ -19,6 +21,7 @@ class OpRecord:
 
     op: str
     phase: str
+    """The label of its ``Phase``."""
     module: str
     backward: bool
     output_bytes: int
@@ -46,11 +49,12 @@ class OpRecord:
 
 def block_forward_records(records: Sequence[OpRecord], blocks: int) -> list[list[OpRecord]]:
     """Each of ``blocks`` blocks' forward ops, in the order a selective policy sees them."""
-    forward: dict[str, list[OpRecord]] = {}
+    forward: dict[int, list[OpRecord]] = {}
     for op in records:
-        if op.phase.startswith("fwd:") and not op.backward:
-            forward.setdefault(op.phase, []).append(op)
-    return [forward.get(f"fwd:{i}", []) for i in range(blocks)]
+        phase = Phase.parse(op.phase)
+        if phase.is_forward and phase.block_index is not None and not op.backward:
+            forward.setdefault(phase.block_index, []).append(op)
+    return [forward.get(i, []) for i in range(blocks)]
 
 
 def replayed_count(ops: Sequence[OpRecord]) -> int:
@@ -68,15 +72,6 @@ class EnclosingModule:
     start: int
     end: int
     encloses_gap: bool = False
-
-
-_EVENTS = {
-    "fwd:pre": "forward before the blocks",
-    "fwd:post": "forward after the blocks (head, loss)",
-    "bwd:post": "backward after the blocks (head, loss)",
-    "bwd:pre": "backward before the blocks",
-    "opt": "optimizer step",
-}
 
 
 @dataclass(frozen=True)
@@ -181,11 +176,14 @@ class Profile:
     persistent_bytes: int
     peak_bytes: int
     tail_peaks: tuple[tuple[int, str], ...]
+    """(live bytes, ``PeakEvent`` label) of the events between the last block's forward and
+    its backward."""
     fixed_peaks: tuple[tuple[int, str], ...]
+    """(live bytes, ``PeakEvent`` label) of the events no plan changes."""
     step_time: float
     flops: float
     phases: tuple[tuple[str, int, int], ...] = field(default=())
-    """The timeline: (label, live bytes at start, peak) per phase."""
+    """The timeline: (``Phase`` label, live bytes at start, peak) per phase."""
     ops: tuple[OpRecord, ...] = field(default=(), repr=False)
     """Every aten op of the step, forward and backward, in execution order."""
     policy_op_time: float = 0.0
@@ -199,8 +197,8 @@ class Profile:
     trainable_bytes: int | None = None
     """Bytes of the parameters that get gradients and optimizer state; None: all of them."""
     event_grads: tuple[tuple[str, int], ...] = ()
-    """(event, what an activations budget takes off its peak) of the events outside the
-    blocks."""
+    """(``PeakEvent`` label, what an activations budget takes off its peak) of the events
+    outside the blocks."""
     enclosures: tuple[EnclosingModule, ...] = ()
     """Modules around runs of blocks that may be checkpointed whole, nested (a stage)."""
     region_state_bytes: int = 0

@@ -35,9 +35,10 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ckptplan.expand import Layout, NotReplicable, expanded, owners_of_updates, renamed
+from ckptplan.expand import expanded
 from ckptplan.fingerprint import model_fingerprint
 from ckptplan.profile_types import Profile
+from ckptplan.runlayout import Layout, NotReplicable, owners_of_updates, renamed
 
 MIN_RUN = 16
 """The shortest run replicated: the three traces run 12 blocks, and the code outside the blocks

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ckptplan.profiler import Profile
+from ckptplan.peak_event import EventKind, PeakEvent
+from ckptplan.profile_types import Profile
 from ckptplan.solvers.chain import Chain, Schedule
 
 
@@ -37,16 +38,18 @@ class Prediction:
         return {**asdict(self), "overhead": self.overhead}
 
 
-def _gradients_at(profile: Profile, event: str) -> int:
+def _gradients_at(profile: Profile, event: PeakEvent) -> int:
     """Gradient bytes present at an event (an upper bound inside a block's backward)."""
-    if event == "optimizer step" or event == "backward before the blocks":
+    if event.kind in (EventKind.OPTIMIZER, EventKind.BACKWARD_BEFORE):
         return profile.gradient_bytes
     for block in profile.blocks:
-        if event in (f"backward of {block.path}", f"recompute of {block.path}"):
+        if event.module != block.path:
+            continue
+        if event.kind in (EventKind.BACKWARD, EventKind.RECOMPUTE):
             return block.grads_at_bwd_end
-        if block.gap is not None and event.startswith(f"backward between {block.path} and "):
+        if event.kind is EventKind.BACKWARD_BETWEEN and block.gap is not None:
             return block.gap.bwd_grads
-    if event.startswith("backward after"):
+    if event.kind is EventKind.BACKWARD_AFTER:
         return profile.blocks[-1].grads_at_bwd_end - profile.blocks[-1].gradient_bytes
     return 0
 
@@ -58,7 +61,7 @@ def predict(
 
     ``offloaded`` is the host memory its selective policies offload to.
     """
-    gradients = _gradients_at(profile, schedule.peak_event)
+    gradients = _gradients_at(profile, PeakEvent.parse(schedule.peak_event))
     persistent = profile.persistent_bytes
     activations = schedule.peak - (persistent + gradients if scope == "step" else 0)
     return Prediction(

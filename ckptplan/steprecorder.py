@@ -20,6 +20,7 @@ from torch.utils.module_tracker import ModuleTracker
 from ckptplan.costs import OpRecorder
 from ckptplan.enclosures import EnclosureRecorder
 from ckptplan.memtrack import LiveStorageTracker, storage_bytes, storage_key
+from ckptplan.phase import Direction, Phase
 from ckptplan.training import first_tensor
 
 
@@ -115,40 +116,43 @@ class StepRecorder:
         self.costs = costs
         self.params = params
         self.calls = [_BlockCall() for _ in blocks]
-        self.saved: dict[str, dict[int, tuple[int, int | None]]] = {}
-        """Phase label -> {storage key: (bytes, index of the phase that allocated it)}."""
-        self.grads_at: dict[str, int] = {}
-        self.replay_peaks: dict[str, int] = {}
-        """Phase label -> its peak up to the last tensor it saved (where recomputation stops)."""
+        self.saved: dict[Phase, dict[int, tuple[int, int | None]]] = {}
+        """Phase -> {storage key: (bytes, index of the phase that allocated it)}."""
+        self.grads_at_end: dict[Phase, int] = {}
+        """Phase -> gradient bytes present when it ended."""
+        self.replay_peaks: dict[Phase, int] = {}
+        """Phase -> its peak up to the last tensor it saved (where recomputation stops)."""
         self.enclosing: EnclosureRecorder | None = None
         self.extra_inputs: dict[int, int] = {}
         """Storage key -> the last block that took it as an argument beyond its first."""
         self._previous: tuple[torch.Tensor | None, Any] = (None, None)
+        self.phase = Phase.start()
+        """The phase running now."""
 
-    def mark(self, label: str) -> None:
+    def mark(self, phase: Phase) -> None:
         if self.tracker.phases:
-            ending = self.tracker.phases[-1].label
-            self.grads_at[ending + ":end"] = self._grad_bytes()
-            if ending.startswith("bwd:") and ending[4:].isdigit():
-                call = self.calls[int(ending[4:])]
+            ending = self.phase
+            self.grads_at_end[ending] = self._grad_bytes()
+            if ending.is_backward and ending.block_index is not None:
+                call = self.calls[ending.block_index]
                 call.output_died_in_bwd = call.output is not None and call.output() is None
-        if label.startswith("bwd:") and label[4:].isdigit():
-            call = self.calls[int(label[4:])]
+        if phase.is_backward and phase.block_index is not None:
+            call = self.calls[phase.block_index]
             call.output_alive_at_bwd = call.output is not None and call.output() is not None
-        self.tracker.mark(label)
+        self.phase = phase
+        self.tracker.mark(phase.label)
         if self.costs is not None:
-            self.costs.phase = label
+            self.costs.phase = phase.label
 
     def _grad_bytes(self) -> int:
         return storage_bytes(p.grad for p in self.params if p.grad is not None)
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        label = self.tracker.phases[-1].label if self.tracker.phases else "start"
         key = storage_key(tensor)
         size = self.tracker.rounded(tensor.untyped_storage().nbytes())
-        self.saved.setdefault(label, {})[key] = (size, self.tracker.allocated_in.get(key))
+        self.saved.setdefault(self.phase, {})[key] = (size, self.tracker.allocated_in.get(key))
         if self.tracker.phases:
-            self.replay_peaks[label] = self.tracker.phases[-1].peak
+            self.replay_peaks[self.phase] = self.tracker.phases[-1].peak
         if self.costs is not None:
             self.costs.note_saved(size)
         return tensor
@@ -163,7 +167,7 @@ class StepRecorder:
             call = self.calls[index]
             call.calls += 1
             x = first_tensor(args) if args else first_tensor(kwargs)
-            self.mark(f"fwd:{index}")
+            self.mark(Phase.forward(index))
             if x is None:
                 return
             call.input_key = storage_key(x)
@@ -186,8 +190,12 @@ class StepRecorder:
                 if isinstance(leaf, torch.Tensor):
                     self.extra_inputs[storage_key(leaf)] = index
             if x.requires_grad and (index == 0 or call.gap_before):
-                label = "bwd:pre" if index == 0 else f"bwd:gap{index - 1}"
-                x.register_hook(lambda grad: self.mark(label))
+                phase = (
+                    Phase.pre(Direction.BACKWARD)
+                    if index == 0
+                    else Phase.gap(Direction.BACKWARD, index - 1)
+                )
+                x.register_hook(lambda grad: self.mark(phase))
 
         return hook
 
@@ -200,12 +208,12 @@ class StepRecorder:
                 call.output_bytes = self.tracker.rounded(out.untyped_storage().nbytes())
                 call.output = weakref.ref(out.untyped_storage())
                 if out.requires_grad:
-                    out.register_hook(lambda grad: self.mark(f"bwd:{index}"))
+                    out.register_hook(lambda grad: self.mark(Phase.backward(index)))
             if index == len(self.blocks) - 1:
                 self._previous = (None, None)
-                self.mark("fwd:post")
+                self.mark(Phase.post(Direction.FORWARD))
             else:
                 self._previous = (out, self._previous[1])
-                self.mark(f"fwd:gap{index}")
+                self.mark(Phase.gap(Direction.FORWARD, index))
 
         return hook

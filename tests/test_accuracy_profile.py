@@ -9,7 +9,7 @@ import pytest
 from torch.utils.module_tracker import ModuleTracker
 
 import ckptplan
-from ckptplan import measure, profiler
+from ckptplan import measure, stepruns
 from ckptplan.api import plan_from_schedule
 from ckptplan.costs import OpRecorder
 from ckptplan.devices import get_device
@@ -19,6 +19,7 @@ from ckptplan.problem import to_chain
 from ckptplan.profile_types import OpRecord
 from ckptplan.profiler import Settings, profile_model
 from ckptplan.solvers.chain import simulate
+from ckptplan.steptiming import median_times
 from tests.conftest import ROOT
 
 UNET = ROOT / "sample_models" / "unet.py"
@@ -44,7 +45,7 @@ def test_module_tracking_holds_no_gradient() -> None:
 def test_torch_module_tracker_would_hold_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
     """Why the profiler has its own tracker: torch's keeps each decoder block's input gradient
     until its skip's gradient exists, so the profile's backward looked bigger than the step's."""
-    monkeypatch.setattr(profiler, "_ModuleTracker", ModuleTracker)
+    monkeypatch.setattr(stepruns, "QuietModuleTracker", ModuleTracker)
     predicted, fake, _ = _unet_encoder_plan_error()
     assert predicted > fake
 
@@ -100,13 +101,13 @@ def _step(times: list[float]) -> OpRecorder:
 
 def test_measured_op_time_is_the_median_of_the_steps() -> None:
     quiet, burst = [1.0, 2.0, 3.0], [9.0, 2.5, 30.0]
-    merged = profiler._median_times([_step(quiet), _step(burst), _step([1.1, 1.9, 3.1])])
+    merged = median_times([_step(quiet), _step(burst), _step([1.1, 1.9, 3.1])])
     assert [r.time for r in merged.records] == [1.1, 2.0, 3.1]
 
 
 def test_steps_with_different_ops_keep_the_median_step() -> None:
     steps = [_step([1.0, 1.0]), _step([5.0]), _step([2.0, 2.0])]
-    assert profiler._median_times(steps) is steps[2]
+    assert median_times(steps) is steps[2]
 
 
 def test_step_time_ratio_survives_load_that_hits_one_side(monkeypatch: pytest.MonkeyPatch):

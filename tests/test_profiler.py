@@ -8,7 +8,8 @@ import torch
 from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError
 from ckptplan.loading import call_model, load_model_file
-from ckptplan.profiler import Settings, _checkpointed, profile_model
+from ckptplan.profiler import Settings, profile_model
+from ckptplan.steptiming import checkpointed
 from ckptplan.units import find_units
 from tests.conftest import MODELS, ROOT
 
@@ -143,7 +144,7 @@ def test_timing_a_policy_checkpoints_blocks_only_for_the_while() -> None:
     plain, own = _CountingLinear(4, 4), torch.nn.Linear(4, 4)
     own.forward = lambda x: x + 1  # a forward set on the instance, which must come back
     x = torch.randn(2, 4, requires_grad=True)
-    with _checkpointed([("plain", plain), ("own", own)], None):
+    with checkpointed([("plain", plain), ("own", own)], None):
         plain(x).sum().backward()
     assert plain.calls == 2, "checkpointed: the backward ran the forward again"
     plain(x).sum().backward()
