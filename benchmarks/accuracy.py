@@ -27,12 +27,12 @@ from rich.console import Console
 from rich.table import Table
 
 import ckptplan
-from ckptplan.api import plan_from_schedule
 from ckptplan.budget import format_bytes
+from ckptplan.fakerun import fake_run_peak
 from ckptplan.loading import load_model_file
-from ckptplan.measure import fake_run_peak
 from ckptplan.memtrack import keep_freed_host_memory
 from ckptplan.problem import to_chain
+from ckptplan.schedule_plan import plan_from_schedule
 from ckptplan.solvers import run_solver
 from ckptplan.solvers.chain import simulate
 
@@ -75,7 +75,7 @@ def cases(model: Path, repeats: int) -> list[dict]:
                 "measured_peak_bytes": measured,
                 "peak_error": (schedule.peak - measured) / measured,
                 "fake_run_error": (fake - measured) / measured,
-                "predicted_overhead": plan.predicted["overhead"],
+                "predicted_overhead": plan.predicted.overhead,
                 "roofline_overhead": roofline_time / roofline.step_time,
                 "measured_overhead": result.step_time_ratio - 1,
                 "measured_overhead_range": [low - 1, high - 1],

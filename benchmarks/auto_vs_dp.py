@@ -23,8 +23,8 @@ import torch
 
 import ckptplan
 from ckptplan.loading import load_model_file
-from ckptplan.measure import interleaved_step_times
 from ckptplan.memtrack import keep_freed_host_memory
+from ckptplan.pairtiming import interleaved_step_times
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "auto_vs_dp.json"
@@ -36,7 +36,7 @@ POSITIONS = (0.25, 0.5, 0.75)
 
 def cases(model: Path, repeats: int) -> list[dict]:
     full = ckptplan.solve(model, budget="1.0", solver="full")
-    low, high = full.predicted["peak_bytes"], full.baselines["none"]["peak_bytes"]
+    low, high = full.predicted.peak_bytes, full.baselines["none"]["peak_bytes"]
     rows = []
     for position in POSITIONS:
         budget = int(low + position * (high - low))
@@ -47,8 +47,8 @@ def cases(model: Path, repeats: int) -> list[dict]:
             "budget_bytes": budget,
             "auto_regions": [r.to_json() for r in auto.regions],
             "dp_regions": [r.to_json() for r in segments.regions],
-            "auto_predicted_overhead": auto.predicted["overhead"],
-            "dp_predicted_overhead": segments.predicted["overhead"],
+            "auto_predicted_overhead": auto.predicted.overhead,
+            "dp_predicted_overhead": segments.predicted.overhead,
         }
         if row["auto_regions"] == row["dp_regions"]:
             rows.append({**row, "same_plan": True})

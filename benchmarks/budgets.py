@@ -32,7 +32,7 @@ RESULTS = ROOT / "benchmarks" / "results" / "budgets.json"
 
 def budget_sweep(model: Path, points: int, repeats: int) -> list[dict]:
     full = ckptplan.solve(model, budget="1.0", solver="full")
-    low, high = full.predicted["peak_bytes"], full.baselines["none"]["peak_bytes"]
+    low, high = full.predicted.peak_bytes, full.baselines["none"]["peak_bytes"]
     rows = []
     for i in range(points):
         budget = int(low + (high - low) * i / max(1, points - 1))
@@ -50,7 +50,7 @@ def budget_sweep(model: Path, points: int, repeats: int) -> list[dict]:
                 "baseline_peak_bytes": result.baseline_peak_bytes,
                 "prediction_error": result.prediction_error,
                 "within_budget": result.within_budget,
-                "predicted_overhead": plan.predicted["overhead"],
+                "predicted_overhead": plan.predicted.overhead,
                 "step_time_ratio": result.step_time_ratio,
                 "max_grad_abs_diff": result.max_grad_abs_diff,
                 "solve_seconds": solve_s,
@@ -63,7 +63,7 @@ def against_fixed_policies(model: Path) -> list[dict]:
     chain = to_chain(ckptplan.profile(model))
     rows = []
     for fixed in ("sqrt", "every-k", "full"):
-        baseline = run_solver(fixed, chain, None, every=2)
+        baseline = run_solver(fixed, chain, None)
         plan = run_solver("dp", chain, baseline.peak)
         rows.append(
             {

@@ -224,7 +224,7 @@ def run_model(path: Path, rounds: int) -> list[dict[str, Any]]:
             model = ckptplan.apply(fresh(), plan)
             entry = compiled(name, model) if compile_plan else Entry(name, model, model)
             entry.row.update(
-                budget_bytes=budget, predicted_peak_bytes=plan.predicted.get("fake_run_peak_bytes")
+                budget_bytes=budget, predicted_peak_bytes=plan.predicted.fake_run_peak_bytes
             )
             with inductor_config.patch(fallback_random=True):
                 measure(workload, entry, inputs, want)

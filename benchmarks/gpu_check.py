@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +28,8 @@ import torch
 import ckptplan
 from ckptplan.errors import BelowLeastPeak
 from ckptplan.loading import load_model_file
-from ckptplan.measure import measure_change, measure_compile_budget
 from ckptplan.memtrack import keep_freed_host_memory
+from ckptplan.peers import measure_change, measure_compile_budget
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = {
@@ -80,10 +80,10 @@ def check_model(name: str, setup: Setup) -> dict[str, Any]:
     path = MODELS[name]
     common = {"dtype": "bf16", "target": setup.kind, "batch_size": setup.batch_size}
     unchecked = ckptplan.solve(path, budget="100%", solver="none", fake_run=False, **common)
-    top = unchecked.predicted["peak_bytes"]
+    top = unchecked.predicted.peak_bytes
     least = least_peak(path, {**common, "solver": setup.solver})
     row: dict[str, Any] = {"model": name, "least_bytes": least, "unchecked_bytes": top}
-    settings = {**unchecked.settings, "scope": "step"}
+    settings = replace(unchecked.settings, scope="step")
     workload = load_model_file(path)
     target, repeats = setup.target, setup.repeats
     if name.startswith("hf_"):

@@ -55,7 +55,7 @@ def dominated_by_fixed(points: list[SweepPoint], tolerance: float = 0.02) -> lis
 def auto_against_full(model: Path, repeats: int) -> dict[str, float]:
     """Measured overhead of auto and of full at a budget of full's predicted peak + 2%."""
     full = ckptplan.solve(model, budget="1.0", solver="full", measure=True)
-    budget = int(1.02 * full.predicted["peak_bytes"])
+    budget = int(1.02 * full.predicted.peak_bytes)
     auto = ckptplan.solve(model, budget=budget, solver="auto", measure=True)
     measured = {
         name: ckptplan.verify(model, plan, repeats=repeats).step_time_ratio - 1
@@ -66,8 +66,8 @@ def auto_against_full(model: Path, repeats: int) -> dict[str, float]:
         "full_overhead": measured["full"],
         "auto_overhead": measured["auto"],
         "ratio": measured["auto"] / measured["full"] if measured["full"] > 0 else float("nan"),
-        "full_predicted": full.predicted["overhead"],
-        "auto_predicted": auto.predicted["overhead"],
+        "full_predicted": full.predicted.overhead,
+        "auto_predicted": auto.predicted.overhead,
     }
 
 

@@ -29,6 +29,7 @@ import sys
 import time
 import traceback
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +40,9 @@ import ckptplan
 from ckptplan.devices import get_device
 from ckptplan.errors import BelowLeastPeak, CkptplanError
 from ckptplan.loading import call_model, load_model_file
-from ckptplan.measure import measure_change
 from ckptplan.memtrack import keep_freed_host_memory
 from ckptplan.opsequence import first_divergence, step_ops
+from ckptplan.peers import measure_change
 from ckptplan.plan import Plan
 from ckptplan.training import cast_model, training_conventions
 
@@ -101,7 +102,7 @@ def train_matches(path: Path, plan: Plan) -> dict[str, float]:
         torch.manual_seed(0)
         model = workload.build()
         torch.manual_seed(0)
-        inputs, _ = training_conventions(model, workload.inputs(plan.settings.get("batch_size")))
+        inputs, _ = training_conventions(model, workload.inputs(plan.settings.batch_size))
         model = cast_model(model, torch.float32).train()
         if planned:
             ckptplan.apply(model, plan)
@@ -150,8 +151,8 @@ def run_model(path: Path, scope: str) -> dict[str, Any]:
     row["op_sequence"] = op_sequence(path, profile.notes)
     least = least_peak(path, scope)
     unchecked = ckptplan.solve(path, budget="100%", solver="none", scope=scope, fake_run=False)
-    top = unchecked.predicted["peak_bytes"]
-    settings = {**unchecked.settings, "batch_size": None}
+    top = unchecked.predicted.peak_bytes
+    settings = replace(unchecked.settings, batch_size=None)
     reference = measure_change(load_model_file(path), settings, recipe, repeats=1)
     row.update(
         least_bytes=least,
@@ -171,7 +172,7 @@ def run_model(path: Path, scope: str) -> dict[str, Any]:
             "fraction": fraction,
             "budget_bytes": budget,
             "predicted_bytes": check.predicted_peak_bytes,
-            "fake_run_bytes": plan.predicted.get("fake_run_peak_bytes"),
+            "fake_run_bytes": plan.predicted.fake_run_peak_bytes,
             "measured_bytes": check.measured_peak_bytes,
             "within_budget": check.measured_peak_bytes <= budget,
             "prediction_error": error / check.measured_peak_bytes,

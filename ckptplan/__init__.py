@@ -20,6 +20,10 @@ _API = {
     "Plan": "ckptplan.plan",
     "HubModel": "ckptplan.hub",
     "Pipeline": "ckptplan.pipeline_types",
+    "ProfileOptions": "ckptplan.options",
+    "SolveOptions": "ckptplan.options",
+    "Parallel": "ckptplan.options",
+    "SolverOptions": "ckptplan.solvers",
     "solve_pipeline": "ckptplan.pipeline",
     "CkptplanError": "ckptplan.errors",
 }

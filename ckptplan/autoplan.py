@@ -17,8 +17,8 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-import inspect
 import json
 import logging
 import os
@@ -34,6 +34,7 @@ from ckptplan.budget import parse_budget
 from ckptplan.errors import CkptplanError
 from ckptplan.fingerprint import inputs_signature, model_fingerprint
 from ckptplan.loading import Inputs, as_inputs
+from ckptplan.options import Parallel, ProfileOptions, SolveOptions, fold_keywords, keyword_names
 from ckptplan.plan import Plan
 from ckptplan.training import dtype_name
 from ckptplan.wrapping import apply as apply_plan
@@ -44,15 +45,16 @@ log = logging.getLogger("ckptplan")
 CACHE_ENV = "CKPTPLAN_CACHE"
 """The environment variable naming the plan cache folder (default ``~/.cache/ckptplan``)."""
 
-_SOLVE_PARAMETERS = inspect.signature(api.solve).parameters
-_SOLVE_OPTIONS = tuple(
-    name
-    for name in _SOLVE_PARAMETERS
-    if name not in ("model", "example_inputs", "budget", "loss_fn")
+_SOLVE_OPTIONS = (
+    "solve_options",
+    "profile_options",
+    "parallel",
+    "progress",
+    *keyword_names(SolveOptions()),
+    *keyword_names(ProfileOptions()),
+    *keyword_names(Parallel()),
 )
 """The settings of ``ckptplan.solve`` that ``apply`` passes on."""
-_NOT_DECIDING = ("progress",)
-"""Settings that do not change the plan, kept out of its cache name."""
 _USAGE = (
     "ckptplan.apply(model, plan) applies a solved plan; "
     "ckptplan.apply(model, budget='12GB', example_inputs=batch) solves one"
@@ -177,10 +179,21 @@ def _key(
     """The cache name of a plan: a digest of everything that decides it, each solve setting
     with its default filled in (so that naming a default is the same plan)."""
     parsed = parse_budget(str(budget))
+    keywords = {name: value for name, value in options.items() if name != "progress"}
+    search = keywords.pop("solve_options", None) or SolveOptions()
+    step, ranks = api.options_of(
+        "ckptplan.apply",
+        keywords,
+        keywords.pop("profile_options", None),
+        keywords.pop("parallel", None),
+    )
     settings = {
-        name: _settled(options.get(name, _SOLVE_PARAMETERS[name].default))
-        for name in _SOLVE_OPTIONS
-        if name not in _NOT_DECIDING
+        name: _settled(dataclasses.asdict(config))
+        for name, config in (
+            ("solve", fold_keywords(search, keywords)),
+            ("profile", step),
+            ("parallel", ranks),
+        )
     }
     described = {
         "model": model_fingerprint(model)["hash"],
@@ -197,6 +210,8 @@ def _key(
 
 def _settled(value: Any) -> Any:
     """A setting as the plan reads it: torch's dtypes by their names, classes by their paths."""
+    if isinstance(value, dict):
+        return {name: _settled(entry) for name, entry in value.items()}
     if isinstance(value, torch.dtype):
         return dtype_name(value)
     if isinstance(value, type):

@@ -66,6 +66,15 @@ def parse_budget(text: str) -> Budget:
     return Budget(text, bytes=int(number * _UNITS[unit]))
 
 
+def admitting_budget(peak: int, margin_percent: float) -> int:
+    """The least budget whose share outside a margin of ``margin_percent`` holds ``peak``.
+
+    >>> admitting_budget(990, 1.0)
+    1000
+    """
+    return math.ceil(peak / (1 - margin_percent / 100))
+
+
 def format_budget_at_least(n: int) -> str:
     """A ``--budget`` value, rounded up, that admits ``n`` bytes."""
     unit, size = ("GiB", 2**30) if n >= 2**30 else ("MiB", 2**20)

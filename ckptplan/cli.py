@@ -25,24 +25,21 @@ from ckptplan.boundary import (
 )
 from ckptplan.cli_options import (
     MODEL_HELP,
-    StepOptions,
-    console,
     hub_options,
     model_argument,
+    parallel_options,
     pipeline_options,
-    print_json,
-    progress_display,
     run_on_option,
+    solve_options,
     step_options,
     tune_for_timing,
-    writable_destination,
 )
+from ckptplan.cli_output import console, print_json, progress_display, writable_destination
 from ckptplan.errors import DEBUG_ENV
-from ckptplan.options import SCOPES
+from ckptplan.options import Parallel, ProfileOptions, SolveOptions
 from ckptplan.pipeline_types import Pipeline, stage_lines
 from ckptplan.plan import Plan
 from ckptplan.remat_command import remat
-from ckptplan.solvers import SOLVERS
 from ckptplan.sweep_command import sweep_command
 
 
@@ -91,53 +88,9 @@ def cli(ctx: click.Context, debug: bool) -> None:
     default=None,
     help="Write the plan here (JSON).",
 )
-@click.option(
-    "--solver",
-    type=click.Choice(SOLVERS),
-    default="auto",
-    show_default=True,
-    help="auto: segments and selective per-op policies; dp: segments only; or a fixed policy.",
-)
-@click.option(
-    "--every", type=click.IntRange(min=1), default=2, show_default=True, help="k for every-k."
-)
-@click.option(
-    "--max-segment",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Longest run of blocks one region may hold.",
-)
-@click.option(
-    "--scope",
-    type=click.Choice(SCOPES),
-    default="step",
-    show_default=True,
-    help="Budget the whole step, or activations alone.",
-)
+@solve_options
 @step_options
-@click.option(
-    "--margin",
-    type=float,
-    default=None,
-    help="Percent of the budget the plan leaves unused [default: the target's: 0.1 on the "
-    "cpu, 3 on a GPU, whose allocator rounds and fragments].",
-)
-@click.option(
-    "--world-size",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Data-parallel ranks; with --fsdp or --ddp the budget and the plan are per rank.",
-)
-@click.option(
-    "--fsdp",
-    "parallel",
-    flag_value="fsdp",
-    default=None,
-    help="FSDP2 (fully_shard each block, then the root): parameters, gradients and optimizer "
-    "state sharded over the ranks.",
-)
-@click.option("--ddp", "parallel", flag_value="ddp", help="DDP: replicated, plus gradient buckets.")
+@parallel_options
 @click.option(
     "--compile",
     "compiled",
@@ -152,15 +105,9 @@ def solve(
     model: str,
     budget: str,
     output: str | None,
-    solver: str,
-    every: int,
-    max_segment: int | None,
-    scope: str,
-    step: StepOptions,
-    margin: float | None,
-    world_size: int,
-    parallel: str | None,
-    compiled: bool,
+    search: SolveOptions,
+    step: ProfileOptions,
+    ranks: Parallel,
     pipeline: Pipeline | None,
     as_json: bool,
 ) -> None:
@@ -169,44 +116,23 @@ def solve(
 
     if step.measure:
         tune_for_timing()
-
     if output:
         writable_destination(output)
     if pipeline is not None:
-        _solve_pipeline(
-            model,
-            budget,
-            output,
-            solver,
-            max_segment,
-            scope,
-            step,
-            margin,
-            world_size,
-            parallel,
-            compiled,
-            pipeline,
-            as_json,
-        )
+        _solve_pipeline(model, budget, output, search, step, ranks, pipeline, as_json)
         return
     with progress_display(as_json) as progress:
         plan = solve_plan(
             model,
             budget=budget,
-            solver=solver,
-            scope=scope,
-            every=every,
-            max_segment=max_segment,
-            world_size=world_size,
-            parallel=parallel,
-            margin=margin,
-            compiled=compiled,
+            solve_options=search,
+            profile_options=step,
+            parallel=ranks,
             progress=progress,
-            **step.keywords(),
         )
     summary = {
-        "predicted_peak_bytes": plan.predicted["peak_bytes"],
-        "predicted_overhead": plan.predicted["overhead"],
+        "predicted_peak_bytes": plan.predicted.peak_bytes,
+        "predicted_overhead": plan.predicted.overhead,
         "solver": plan.solver,
         "regions": [list(r.modules) for r in plan.regions],
     }
@@ -229,9 +155,7 @@ def _deliver(
     if output:
         plan.save(output)
     if as_json:
-        print_json(
-            "solve", {"budget_bytes": plan.budget["bytes"], **summary, "plan": plan.to_json()}
-        )
+        print_json("solve", {"budget_bytes": plan.budget.bytes, **summary, "plan": plan.to_json()})
         return
     out = console()
     show_plan(plan, out)
@@ -245,28 +169,21 @@ def _solve_pipeline(
     model: str,
     budget: str,
     output: str | None,
-    solver: str,
-    max_segment: int | None,
-    scope: str,
-    step: StepOptions,
-    margin: float | None,
-    world_size: int,
-    parallel: str | None,
-    compiled: bool,
+    search: SolveOptions,
+    step: ProfileOptions,
+    ranks: Parallel,
     pipeline: Pipeline,
     as_json: bool,
 ) -> None:
     """``solve --pipeline-stages``: one plan with a section per stage (``ckptplan.pipeline``)."""
     from ckptplan.pipeline import solve_pipeline
 
-    if scope != "step" or compiled:
+    if search.scope != "step" or step.compiled:
         raise UserError(
             "--pipeline-stages plans the whole step in eager mode: leave out "
             "--scope activations and --compile"
         )
-    keywords = step.keywords()
-    batch = keywords.pop("batch_size")
-    if batch is None:
+    if step.batch_size is None:
         raise UserError(
             "--pipeline-stages needs --batch-size, the step's batch per "
             "data-parallel rank (a multiple of --microbatches)"
@@ -276,14 +193,10 @@ def _solve_pipeline(
             model,
             budget=budget,
             pipeline=pipeline,
-            batch_size=batch,
-            solver=solver,
-            max_segment=max_segment,
-            world_size=world_size,
-            parallel=parallel,
-            margin=margin,
+            solve_options=search,
+            profile_options=step,
+            parallel=ranks,
             progress=progress,
-            **keywords,
         )
     use = (
         "in stage i's training script: "
@@ -312,16 +225,16 @@ def _solve_pipeline(
 @step_options
 @click.option("--json", "as_json", is_flag=True, help="Print the whole profile as JSON.")
 @user_errors
-def profile_command(model: str, depth: int, top: int, step: StepOptions, as_json: bool) -> None:
+def profile_command(model: str, depth: int, top: int, step: ProfileOptions, as_json: bool) -> None:
     """Profile MODEL on fake tensors: memory, FLOPs and time by module."""
     from ckptplan.api import profile
-    from ckptplan.report import profile_json, show_profile
+    from ckptplan.profile_report import profile_json, show_profile
 
     if step.measure:
         tune_for_timing()
 
     with progress_display(as_json) as progress:
-        result = profile(model, progress=progress, **step.keywords())
+        result = profile(model, profile_options=step, progress=progress)
     if as_json:
         print_json("profile", profile_json(result, depth))
     else:
@@ -444,7 +357,7 @@ def verify(
 @step_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @user_errors
-def gap(model: str, budget: str, time_limit: float, step: StepOptions, as_json: bool) -> None:
+def gap(model: str, budget: str, time_limit: float, step: ProfileOptions, as_json: bool) -> None:
     """How far auto's plan is from the exact optimum over the op graph (the ilp solver).
 
     The step's forward and backward ops become a rematerialisation problem (any op may be
@@ -457,7 +370,7 @@ def gap(model: str, budget: str, time_limit: float, step: StepOptions, as_json: 
     with progress_display(as_json) as progress:
         progress.phase("solving with auto and with the exact ILP")
         report = optimality_gap_of_auto(
-            model, budget=budget, time_limit_s=time_limit, **step.keywords()
+            model, budget=budget, time_limit_s=time_limit, profile_options=step
         )
     if as_json:
         print_json("gap", report.to_json())

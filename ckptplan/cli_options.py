@@ -10,18 +10,12 @@ works, hidden, and says so.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sys
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
-from rich.console import Console
 
 from ckptplan.boundary import UserError
 from ckptplan.devices import DEVICES
@@ -30,13 +24,15 @@ from ckptplan.options import (
     HUB_PREFIX,
     HUB_TASKS,
     OPTIMIZERS,
+    SCOPES,
+    Parallel,
+    ProfileOptions,
+    SolveOptions,
+    fold_keywords,
     is_factory_spec,
     precision,
 )
-from ckptplan.progress import QUIET, Progress
-
-if TYPE_CHECKING:
-    from ckptplan.profiler import Settings
+from ckptplan.solvers import SOLVERS
 
 MODEL_HELP = "MODEL: a model file (model.py), MODULE:FUNCTION, or hf:NAME_OR_DIR."
 
@@ -44,83 +40,6 @@ MODEL_HELP = "MODEL: a model file (model.py), MODULE:FUNCTION, or hf:NAME_OR_DIR
 def model_argument(command: Callable[..., Any]) -> Callable[..., Any]:
     """MODEL: a model file, ``MODULE:NAME`` or ``hf:NAME_OR_DIR`` (resolved by the API)."""
     return click.argument("model", metavar="MODEL")(command)
-
-
-def writable_destination(path: str, flag: str = "-o") -> None:
-    """Refuse an output path before the long work, not after it."""
-    folder = Path(path).resolve().parent
-    if not folder.is_dir():
-        raise UserError(f"{flag} {path}: the folder {folder} does not exist; create it first")
-    if not os.access(folder, os.W_OK):
-        raise UserError(f"{flag} {path}: the folder {folder} is not writable")
-
-
-def console(stderr: bool = False) -> Console:
-    """A console that wraps at the terminal's width, and not at all into a pipe or file (rich
-    would wrap at 80 columns there, breaking a report's lines for grep)."""
-    stream = sys.stderr if stderr else sys.stdout
-    if stream.isatty():
-        return Console(stderr=stderr)
-    return Console(stderr=stderr, width=10_000, soft_wrap=True)
-
-
-def print_json(command: str, data: dict[str, Any]) -> None:
-    """A command's ``--json`` output, led by the schema it follows (``ckptplan.solve/1``)."""
-    click.echo(json.dumps({"schema": f"ckptplan.{command}/1", **data}, indent=2))
-
-
-class Spinner:
-    """A rich status line on stderr naming the phase a command is in; gone when it ends."""
-
-    def __init__(self, stream: Console) -> None:
-        self._status = stream.status("starting")
-
-    def phase(self, what: str) -> None:
-        self._status.update(f"{what}…")
-
-    def __enter__(self) -> Spinner:
-        self._status.start()
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._status.stop()
-
-
-def progress_display(as_json: bool) -> AbstractContextManager[Progress]:
-    """A spinner where a person watches (stdout and stderr both terminals, no ``--json``);
-    elsewhere nothing, so that pipes, files and JSON get the report alone."""
-    if as_json or not (sys.stdout.isatty() and sys.stderr.isatty()):
-        return nullcontext(QUIET)
-    return Spinner(Console(stderr=True))
-
-
-@dataclass(frozen=True)
-class StepOptions:
-    """The training step a command profiles, as its flags give it; the fields are the Python
-    API's keywords (``ckptplan.solve(model, **step.keywords(), ...)``)."""
-
-    batch_size: int | None = None
-    optimizer: str = "adamw"
-    dtype: str = "fp32"
-    autocast: str | None = None
-    target: str = "cpu"
-    blocks: str | None = None
-    measure: bool = False
-
-    def keywords(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def settings(self) -> Settings:
-        """The profiler's settings (which call the target ``device``)."""
-        from ckptplan.profiler import Settings
-
-        keywords = self.keywords()
-        return Settings(device=keywords.pop("target"), **keywords)
 
 
 def _optimizer_option(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -229,39 +148,108 @@ def hub_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def step_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """The flags of the profiled step, handed to the command as one ``step: StepOptions``."""
+    """The flags of the profiled step, folded by name into one ``step: ProfileOptions`` (with
+    ``--compile``'s ``compiled`` where a command has it)."""
 
     @functools.wraps(command)
-    def wrapper(
-        *args: Any,
-        batch_size: int | None,
-        optimizer: str,
-        dtype: str,
-        autocast: str | None,
-        target: str | None,
-        old_target: str | None,
-        blocks: str | None,
-        measure: bool,
-        **kwargs: Any,
-    ) -> Any:
+    def wrapper(*args: Any, old_target: str | None, **kwargs: Any) -> Any:
         if old_target is not None:
-            if target is not None and target != old_target:
-                raise UserError(f"--device {old_target} and --target {target}: give --target alone")
+            if kwargs["target"] not in (None, old_target):
+                raise UserError(
+                    f"--device {old_target} and --target {kwargs['target']}: give --target alone"
+                )
             click.echo(
                 "note: --device is now --target (the device the plan is for; --on is where "
                 "a command runs); --device will be removed",
                 err=True,
             )
+        kwargs["target"] = kwargs["target"] or old_target or "cpu"
         try:
-            dtype, autocast = precision(dtype, autocast)
+            kwargs["dtype"], kwargs["autocast"] = precision(kwargs["dtype"], kwargs["autocast"])
         except ValueError as exc:
             raise UserError(str(exc)) from None
-        step = StepOptions(
-            batch_size, optimizer, dtype, autocast, target or old_target or "cpu", blocks, measure
-        )
+        step = fold_keywords(ProfileOptions(), kwargs)
         return command(*args, step=step, **kwargs)
 
     return hub_options(_apply(_STEP_OPTIONS, wrapper))
+
+
+_SOLVE_OPTIONS = [
+    click.option(
+        "--solver",
+        type=click.Choice(SOLVERS),
+        default="auto",
+        show_default=True,
+        help="auto: segments and selective per-op policies; dp: segments only; or a fixed policy.",
+    ),
+    click.option(
+        "--every", type=click.IntRange(min=1), default=2, show_default=True, help="k for every-k."
+    ),
+    click.option(
+        "--max-segment",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Longest run of blocks one region may hold.",
+    ),
+    click.option(
+        "--scope",
+        type=click.Choice(SCOPES),
+        default="step",
+        show_default=True,
+        help="Budget the whole step, or activations alone.",
+    ),
+    click.option(
+        "--margin",
+        type=float,
+        default=None,
+        help="Percent of the budget the plan leaves unused [default: the target's: 0.1 on the "
+        "cpu, 3 on a GPU, whose allocator rounds and fragments].",
+    ),
+]
+"""The search's flags, each named as its field of ``SolveOptions`` or of the solvers'
+``SolverOptions`` (Note [one field per option] in ``ckptplan.options``)."""
+
+
+def solve_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The search's flags, folded by name into one ``search: SolveOptions``."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return command(*args, search=fold_keywords(SolveOptions(), kwargs), **kwargs)
+
+    return _apply(_SOLVE_OPTIONS, wrapper)
+
+
+_PARALLEL_OPTIONS = [
+    click.option(
+        "--world-size",
+        type=click.IntRange(min=1),
+        default=1,
+        show_default=True,
+        help="Data-parallel ranks; with --fsdp or --ddp the budget and the plan are per rank.",
+    ),
+    click.option(
+        "--fsdp",
+        "strategy",
+        flag_value="fsdp",
+        default=None,
+        help="FSDP2 (fully_shard each block, then the root): parameters, gradients and "
+        "optimizer state sharded over the ranks.",
+    ),
+    click.option(
+        "--ddp", "strategy", flag_value="ddp", help="DDP: replicated, plus gradient buckets."
+    ),
+]
+
+
+def parallel_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--world-size`` with ``--fsdp`` or ``--ddp``, as one ``ranks: Parallel``."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return command(*args, ranks=fold_keywords(Parallel(), kwargs), **kwargs)
+
+    return _apply(_PARALLEL_OPTIONS, wrapper)
 
 
 def run_on_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

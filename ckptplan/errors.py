@@ -33,15 +33,15 @@ def option(name: str, value: object = None) -> str:
     """An option as an error message names it in the fix it gives: a Python argument for the
     library's callers, a flag on the command line (``command_line``).
 
-    >>> option("budget", "4MiB"), option("force", True), option("parallel", "fsdp")
-    ("budget='4MiB'", 'force=True', "parallel='fsdp'")
+    >>> option("budget", "4MiB"), option("force", True), option("strategy", "fsdp")
+    ("budget='4MiB'", 'force=True', "strategy='fsdp'")
     >>> with command_line():
-    ...     option("budget", "4MiB"), option("force", True), option("parallel", "fsdp")
+    ...     option("budget", "4MiB"), option("force", True), option("strategy", "fsdp")
     ('--budget 4MiB', '--force', '--fsdp')
     """
     if not _CLI.get():
         return name if value is None else f"{name}={value!r}"
-    if name == "parallel" and isinstance(value, str):
+    if name == "strategy" and isinstance(value, str):
         return f"--{value}"
     flag = _FLAGS.get(name, "--" + name.replace("_", "-"))
     if value is None or value is True:

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 
 from ckptplan.phase import Direction, Phase
 from ckptplan.plan import Plan
+from ckptplan.policy_types import Policy
 from ckptplan.problem import op_names, region_policy, selective_menus
 from ckptplan.profile_types import Profile
 from ckptplan.solvers.chain import Chain, Schedule, validate_segments
@@ -183,10 +184,7 @@ def _plan_regions(
         chosen = {block: menus[block][option] for block, option in plan.options} if menus else {}
         regions = []
         for start, end in plan.segments:
-            policy = region_policy(profile, start, end, chosen) or {}
-            if policy.get("offload"):
-                raise ValueError("the op graph does not model offload to host memory")
-            regions.append((start, end, tuple(policy.get("save", ()))))
+            regions.append((start, end, _kept(region_policy(profile, start, end, chosen))))
         return regions
     paths = [b.path for b in profile.blocks]
     if list(plan.blocks) != paths:
@@ -195,15 +193,19 @@ def _plan_regions(
     for region in plan.regions:
         if region.children:
             raise ValueError("nested regions are not translated to the op graph")
-        policy = region.policy or {}
-        if policy.get("offload"):
-            raise ValueError("the op graph does not model offload to host memory")
         start = paths.index(region.modules[0])
         end = start + len(region.modules)
         if tuple(paths[start:end]) != tuple(region.modules):
             raise ValueError(f"region {region.modules} is not a run of consecutive blocks")
-        regions.append((start, end, tuple(policy.get("save", ()))))
+        regions.append((start, end, _kept(region.policy)))
     return regions
+
+
+def _kept(policy: Policy | None) -> tuple[str, ...]:
+    """The op calls a region's policy keeps, named as ``_op_names`` names the graph's ops."""
+    if policy is not None and policy.offloads:
+        raise ValueError("the op graph does not model offload to host memory")
+    return () if policy is None else tuple(map(str, policy.saves))
 
 
 def schedule_of_plan(

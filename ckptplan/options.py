@@ -1,24 +1,132 @@
-"""Names of the choices the CLI and the API offer, and their old spellings; no torch."""
+"""The options of each stage as one typed object per concern, the names of the choices the
+CLI and the API offer, and their old spellings; no torch.
+
+Note [one field per option]: a flag of the CLI, a keyword of the Python API and a field of
+an options object share one name. ``ProfileOptions`` says which training step is profiled
+and for which device, ``SolveOptions`` how the plan is searched (its ``solver_options`` tune
+the chain solvers), ``Parallel`` the data-parallel ranks the budget is one of. The CLI folds
+its flags into them by name and the API folds its keywords the same way
+(``fold_keywords``), so a new option is a field, the code that reads it, and a flag.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast, get_args
 
 from ckptplan.errors import option
+from ckptplan.solvers import SolverName, SolverOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-OPTIMIZERS = ("adamw", "adam", "sgd", "none")
+Optimizer = Literal["adamw", "adam", "sgd", "none"]
+"""The optimizer shortcuts; an optimizer class's dotted path (``torch.optim.Adafactor``) too."""
+OPTIMIZERS: tuple[Optimizer, ...] = get_args(Optimizer)
+DType = Literal["fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed"]
 MIXED_PRECISION = {"bf16-mixed": "bf16", "fp16-mixed": "fp16"}
 """Mixed precision as accelerate's ``--mixed_precision`` runs it: fp32 master weights,
 gradients and optimizer state, forward under ``torch.autocast`` in the half dtype."""
-DTYPES = ("fp32", "bf16", "fp16", *MIXED_PRECISION)
-SCOPES = ("step", "activations")
+DTYPES: tuple[DType, ...] = get_args(DType)
+Autocast = Literal["bf16", "fp16"]
+Scope = Literal["step", "activations"]
+"""What a budget holds: the whole step's peak, or the activations alone."""
+SCOPES: tuple[Scope, ...] = get_args(Scope)
+Target = Literal["cpu", "h100", "h200", "b200", "a100", "l4", "rtx4090"]
+"""The devices a plan can be for (``ckptplan.devices``, which a test keeps in step)."""
+Strategy = Literal["fsdp", "ddp"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileOptions:
+    """The training step that is profiled, and the device it is priced for. The API also
+    takes a ``torch.dtype`` for ``dtype``/``autocast`` and an optimizer class for
+    ``optimizer``: a plan records their names."""
+
+    batch_size: int | None = None
+    optimizer: Optimizer | str = "adamw"
+    dtype: DType = "fp32"
+    autocast: Autocast | None = None
+    target: Target = "cpu"
+    blocks: str | None = None
+    """Module paths of the chain's blocks (``layers.*``); None: found."""
+    measure: bool = False
+    """Time every op in a real step on this machine instead of the target's roofline."""
+    compiled: bool = False
+    """The step runs under ``torch.compile``: priced fused, its peak the partition's."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SolveOptions:
+    """How the plan is searched for."""
+
+    solver: SolverName = "auto"
+    scope: Scope = "step"
+    margin: float | None = None
+    """Percent of the budget left unused; None: the target's (0.1 on the CPU, 3 on a GPU)."""
+    fake_run: bool = True
+    """Run the chosen plan on fake tensors and solve again if it needs more than predicted."""
+    solver_options: SolverOptions = field(default_factory=SolverOptions)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Parallel:
+    """The data-parallel ranks a budget is one of: with a strategy, the budget, the profile
+    and the plan are one rank's (``batch_size`` is then the per-rank batch)."""
+
+    world_size: int = 1
+    strategy: Strategy | None = None
+
+
+C = TypeVar("C")
+
+
+def fold_keywords(config: C, keywords: dict[str, Any]) -> C:
+    """``config`` with each keyword that names one of its fields, or a field of an options
+    object inside it, taken out of ``keywords`` and set (Note [one field per option]).
+
+    >>> keywords = {"solver": "dp", "max_segment": 4, "budget": "60%"}
+    >>> options = fold_keywords(SolveOptions(), keywords)
+    >>> options.solver, options.solver_options.max_segment, keywords
+    ('dp', 4, {'budget': '60%'})
+    """
+    changes: dict[str, Any] = {}
+    for entry in dataclasses.fields(cast(Any, config)):
+        value = getattr(config, entry.name)
+        if entry.name in keywords:
+            changes[entry.name] = keywords.pop(entry.name)
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            changes[entry.name] = fold_keywords(value, keywords)
+    return cast(C, dataclasses.replace(cast(Any, config), **changes))
+
+
+def keyword_names(config: object) -> tuple[str, ...]:
+    """The keywords ``fold_keywords`` takes for ``config``: its fields, and those of the options
+    objects inside it.
+
+    >>> keyword_names(Parallel())
+    ('world_size', 'strategy')
+    """
+    names: list[str] = []
+    for entry in dataclasses.fields(cast(Any, config)):
+        value = getattr(config, entry.name)
+        names.append(entry.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            names.extend(keyword_names(value))
+    return tuple(names)
+
+
+def refuse_unknown_keywords(function: str, keywords: Mapping[str, Any]) -> None:
+    """A keyword no options object has, refused as Python refuses one a signature lacks."""
+    if keywords:
+        raise TypeError(f"{function}() got an unexpected keyword argument {next(iter(keywords))!r}")
+
+
 HUB_PREFIX = "hf:"
 _FACTORY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 HUB_TASKS = (

@@ -18,7 +18,6 @@ plan's peak grows with the dp solver's target, so each rank bisects it (Note [wh
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -26,17 +25,26 @@ from typing import Any
 import torch
 
 from ckptplan import api
-from ckptplan.budget import format_budget_at_least, format_bytes, parse_budget
+from ckptplan.budget import admitting_budget, format_budget_at_least, format_bytes, parse_budget
 from ckptplan.callerstate import keeps_random_state
-from ckptplan.devices import get_device
 from ckptplan.errors import BelowLeastPeak, CkptplanError, option
 from ckptplan.loading import Inputs
+from ckptplan.options import (
+    Parallel,
+    ProfileOptions,
+    SolveOptions,
+    fold_keywords,
+    refuse_unknown_keywords,
+)
 from ckptplan.pipeline_types import Pipeline, balanced_split, in_flight, parameters_digest
 from ckptplan.plan import Plan, Region, StagePlan
+from ckptplan.prediction import StagePrediction
 from ckptplan.problem import selective_menus, to_chain
 from ckptplan.profile_types import Profile
 from ckptplan.progress import QUIET, Progress
-from ckptplan.solvers import run_solver
+from ckptplan.schedule_plan import plan_from_schedule
+from ckptplan.search import held_back_percent
+from ckptplan.solvers import SolverOptions, run_solver
 from ckptplan.solvers.chain import (
     Chain,
     InfeasibleBudget,
@@ -190,28 +198,25 @@ def solve_pipeline(
     *,
     budget: str | int,
     pipeline: Pipeline,
-    batch_size: int,
-    solver: str = "auto",
-    max_segment: int | None = None,
+    solve_options: SolveOptions | None = None,
+    profile_options: ProfileOptions | None = None,
+    parallel: Parallel | str | None = None,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
-    optimizer: api.OptimizerArg = "adamw",
-    dtype: api.DtypeArg = "fp32",
-    autocast: api.DtypeArg | None = None,
-    target: str = "cpu",
-    blocks: str | None = None,
-    measure: bool = False,
-    world_size: int = 1,
-    parallel: str | None = None,
-    margin: float | None = None,
     progress: Progress = QUIET,
+    **keywords: Any,
 ) -> Plan:
     """One plan with a section per pipeline stage, each the plan of least recompute whose
-    peak, with its schedule's microbatches in flight, fits ``budget`` on its rank.
+    peak, with its schedule's microbatches in flight, fits ``budget`` on its rank; the options
+    are ``ckptplan.solve``'s.
 
     ``batch_size`` is the batch per data-parallel rank of a step; a microbatch is
     ``batch_size / pipeline.microbatches``. A fraction budget is of the unchecked peak of the
-    rank that needs most. With ``parallel`` and ``world_size``, each stage is data parallel.
+    rank that needs most. With a ``Parallel`` strategy, each stage is data parallel.
     """
+    step, data_parallel = api.options_of("solve_pipeline", keywords, profile_options, parallel)
+    search_options = fold_keywords(solve_options or SolveOptions(), keywords)
+    refuse_unknown_keywords("solve_pipeline", keywords)
+    solver, batch_size = search_options.solver, step.batch_size
     if solver not in ("auto", "dp"):
         raise CkptplanError(
             f"{option('solver', solver)} with a pipeline: stages are planned by bisecting "
@@ -219,24 +224,20 @@ def solve_pipeline(
             f"{option('solver', 'dp')}"
         )
     m = pipeline.microbatches
-    if batch_size % m:
+    if batch_size is None or batch_size % m:
+        given = "no batch size" if batch_size is None else option("batch_size", batch_size)
         raise CkptplanError(
-            f"{option('batch_size', batch_size)} does not split into {m} microbatches; use "
-            f"{option('batch_size', max(m, batch_size // m * m))} or another multiple of {m}"
+            f"{given} does not split into {m} microbatches; use "
+            f"{option('batch_size', max(m, (batch_size or m) // m * m))} or another multiple "
+            f"of {m}"
         )
+    microbatch = replace(step, batch_size=batch_size // m)
     prof = api.profile(
         model,
         example_inputs,
+        profile_options=microbatch,
+        parallel=data_parallel,
         loss_fn=loss_fn,
-        batch_size=batch_size // m,
-        optimizer=optimizer,
-        dtype=dtype,
-        autocast=autocast,
-        target=target,
-        blocks=blocks,
-        measure=measure,
-        world_size=world_size,
-        parallel=parallel,
         progress=progress,
     )
     pipeline.check(len(prof.blocks))
@@ -248,13 +249,13 @@ def solve_pipeline(
     bounds = list(zip([0, *ends[:-1]], ends, strict=True))
     stages = [_stage(prof, chain, pipeline, i, b) for i, b in enumerate(bounds)]
     ranks = [stages[r :: pipeline.stages] for r in range(pipeline.stages)]
-    options = {"max_segment": max_segment}
+    options = search_options.solver_options
     unchecked = [
         _pipeline_peak(rs, [run_solver("none", s.chain, None) for s in rs]) for rs in ranks
     ]
     parsed = parse_budget(str(budget))
     budget_bytes = parsed.resolve(max(unchecked))
-    held = get_device(target).margin_percent if margin is None else margin
+    held = held_back_percent(search_options.margin, step.target)
     aim = budget_bytes - round(budget_bytes * held / 100)
     chosen: dict[int, tuple[Schedule, int]] = {}
     for rank, rs in enumerate(ranks):
@@ -262,7 +263,7 @@ def solve_pipeline(
             chosen[stage.index] = (schedule, peak)
             if peak > aim:
                 less = f" less its {held:g}% margin" if held else ""
-                least = format_budget_at_least(_admitting(peak, held))
+                least = format_budget_at_least(admitting_budget(peak, held))
                 raise BelowLeastPeak(
                     f"budget {format_bytes(budget_bytes)}{less} is below the least pipeline "
                     f"peak {format_bytes(peak)} of stage {stage.index} (rank {rank}, blocks "
@@ -282,17 +283,13 @@ def solve_pipeline(
         budget_bytes,
         held,
         aim,
-        {"world_size": world_size, "parallel": parallel, "batch_size": batch_size},
+        data_parallel,
+        batch_size,
     )
 
 
-def _admitting(peak: int, margin: float) -> int:
-    """The least budget whose share outside the margin holds ``peak``."""
-    return math.ceil(peak / (1 - margin / 100))
-
-
 def _fit(
-    stages: Sequence[_Stage], solver: str, aim: int, options: dict[str, Any]
+    stages: Sequence[_Stage], solver: str, aim: int, options: SolverOptions
 ) -> list[tuple[Schedule, int]]:
     """The rank's schedules of least recompute that fit ``aim`` (Note [why bisect]), each with
     the rank's peak; where none fits, those of the least peak found."""
@@ -301,9 +298,9 @@ def _fit(
         out = []
         for s in stages:
             try:
-                out.append(run_solver(solver, s.chain, target, **options))
+                out.append(run_solver(solver, s.chain, target, options))
             except InfeasibleBudget as exc:
-                out.append(run_solver(solver, s.chain, exc.least_peak, **options))
+                out.append(run_solver(solver, s.chain, exc.least_peak, options))
         return out
 
     tried: list[tuple[int, float, list[Schedule]]] = []
@@ -343,7 +340,8 @@ def _plan(
     budget_bytes: int,
     margin: float,
     aim: int,
-    settings: dict[str, Any],
+    data_parallel: Parallel,
+    batch_size: int,
 ) -> Plan:
     """The whole plan (its regions are every stage's) with one section per stage."""
     segments = []
@@ -354,7 +352,7 @@ def _plan(
         options += [(k + stage.start, o) for k, o in schedule.options]
     step_chain = to_chain(prof, "step", menus)
     whole = simulate(step_chain, segments, chosen[0][0].solver, options)
-    plan = api.plan_from_schedule(prof, step_chain, whole, budget_text, budget_bytes, "step", menus)
+    plan = plan_from_schedule(prof, step_chain, whole, budget_text, budget_bytes, "step", menus)
     paths = [b.path for b in prof.blocks]
     sections = []
     for stage in stages:
@@ -370,75 +368,29 @@ def _plan(
                 predicted_peak_bytes=peak,
                 in_flight=stage.in_flight,
                 parameters=parameters_digest(prof.modules, own),
-                predicted={
-                    "fixed_bytes": stage.fixed,
-                    "buffer_bytes": stage.buffers,
-                    "kept_bytes_per_microbatch": stage.kept(schedule),
-                    "microbatch_peak_bytes": schedule.peak,
-                    "recompute_time_s": schedule.recompute_time,
-                },
+                predicted=StagePrediction(
+                    fixed_bytes=stage.fixed,
+                    buffer_bytes=stage.buffers,
+                    kept_bytes_per_microbatch=stage.kept(schedule),
+                    microbatch_peak_bytes=schedule.peak,
+                    recompute_time_s=schedule.recompute_time,
+                ),
             )
         )
-    pipe = {
-        "stages": pipeline.stages,
-        "microbatches": pipeline.microbatches,
-        "schedule": pipeline.schedule,
-        "stages_per_rank": pipeline.stages_per_rank,
-        "split": [s.end - s.start for s in stages],
-        "microbatch_size": settings["batch_size"] // pipeline.microbatches,
-    }
     return replace(
         plan,
-        budget={**plan.budget, "margin_percent": margin, "aim_bytes": aim},
-        settings={**plan.settings, **settings, "pipeline": pipe},
-        predicted={**plan.predicted, "peak_bytes": max(s.predicted_peak_bytes for s in sections)},
+        budget=replace(plan.budget, margin_percent=margin, aim_bytes=aim),
+        settings=replace(
+            plan.settings,
+            world_size=data_parallel.world_size,
+            parallel=data_parallel.strategy,
+            batch_size=batch_size,
+            pipeline=pipeline.layout([s.end - s.start for s in stages], batch_size),
+        ),
+        predicted=replace(plan.predicted, peak_bytes=max(s.predicted_peak_bytes for s in sections)),
         stages=tuple(sections),
     )
 
 
 def _inside(region: Region, blocks: Sequence[str]) -> bool:
     return region.modules[0] in blocks
-
-
-def stage_plan(model: torch.nn.Module, plan: Plan, stage: int, force: bool = False) -> Plan:
-    """The plan of one stage for ``apply(stage_module, plan, stage=i)``: refuses, in one line,
-    a plan without stages, a stage out of range, and a module that lacks the stage's blocks or
-    holds other parameters under them (unless ``force``)."""
-    if not plan.stages:
-        raise CkptplanError(
-            f"{option('stage', stage)}: the plan has no pipeline stages; solve it with "
-            "--pipeline-stages P --microbatches M, or apply it without stage"
-        )
-    if not 0 <= stage < len(plan.stages):
-        raise CkptplanError(
-            f"{option('stage', stage)} is out of range: the plan has stages 0.."
-            f"{len(plan.stages) - 1}"
-        )
-    section = plan.stages[stage]
-    names = dict(model.named_modules())
-    missing = [b for b in section.blocks if b not in names]
-    if missing:
-        raise CkptplanError(
-            f"the stage module lacks {missing[0]}, a block of stage {stage} "
-            f"({section.blocks[0]}..{section.blocks[-1]}); build stage {stage}'s module, "
-            "keeping the blocks' qualified names"
-        )
-    modules = [
-        (p, type(m).__name__, sum(q.numel() for q in m.parameters())) for p, m in names.items()
-    ]
-    if parameters_digest(modules, section.blocks) != section.parameters and not force:
-        raise CkptplanError(
-            f"stage {stage}'s blocks here differ from the plan's "
-            f"({section.parameters['parameters']:,} parameters); re-solve for this model or "
-            f"pass {option('force', True)}"
-        )
-    # A later stage's input is the previous stage's activations, which the plan does not
-    # record: the batch guard watches the first stage alone.
-    predicted = {**plan.predicted, "peak_bytes": section.predicted_peak_bytes}
-    return replace(
-        plan,
-        regions=section.regions,
-        stages=(),
-        inputs=plan.inputs if stage == 0 else None,
-        predicted={**predicted, "in_flight": section.in_flight},
-    )

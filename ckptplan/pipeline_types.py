@@ -12,7 +12,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from ckptplan.budget import format_bytes
 from ckptplan.errors import CkptplanError, option
@@ -41,6 +41,22 @@ class Pipeline:
     def chunks(self) -> int:
         """Stages of the chain: one per rank, or ``stages_per_rank`` per rank if interleaved."""
         return self.stages * self.stages_per_rank
+
+    def layout(self, split: Sequence[int], batch_size: int) -> dict[str, Any]:
+        """How a plan's settings record the pipeline: the blocks of each stage as split, and
+        the microbatch size the stages were profiled at.
+
+        >>> Pipeline(stages=2, microbatches=4, schedule="1f1b").layout([3, 3], 8)["microbatch_size"]
+        2
+        """
+        return {
+            "stages": self.stages,
+            "microbatches": self.microbatches,
+            "schedule": self.schedule,
+            "stages_per_rank": self.stages_per_rank,
+            "split": list(split),
+            "microbatch_size": batch_size // self.microbatches,
+        }
 
     def check(self, blocks: int) -> None:
         """Refuse, in one line naming the flag and the fix, what no schedule can run."""

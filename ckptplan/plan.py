@@ -7,11 +7,16 @@ fingerprint before it wraps anything.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ckptplan.errors import CkptplanError
+from ckptplan.plan_fields import known_fields, value_from_json
+from ckptplan.policy_types import Policy
+from ckptplan.prediction import Prediction, StagePrediction
+from ckptplan.profile_types import Settings
 
 SCHEMA = "ckptplan.plan/1"
 
@@ -22,22 +27,26 @@ class Region:
 
     modules: tuple[str, ...]
     children: tuple[Region, ...] = ()
-    policy: dict[str, Any] | None = None
+    policy: Policy | None = None
+    """Which op outputs the region keeps or offloads (selective checkpointing); None keeps
+    only its inputs."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"modules": list(self.modules)}
         if self.children:
             out["children"] = [c.to_json() for c in self.children]
         if self.policy is not None:
-            out["policy"] = self.policy
+            out["policy"] = self.policy.to_json()
         return out
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> Region:
+        modules = tuple(data["modules"])
+        policy = data.get("policy")
         return Region(
-            modules=tuple(data["modules"]),
+            modules=modules,
             children=tuple(Region.from_json(c) for c in data.get("children", ())),
-            policy=data.get("policy"),
+            policy=Policy.from_json(policy, "+".join(modules)) if policy else None,
         )
 
 
@@ -55,18 +64,80 @@ class StagePlan:
     in_flight: int
     parameters: dict[str, Any]
     """The stage's blocks' parameters (count and digest), which ``apply(stage=)`` checks."""
-    predicted: dict[str, Any] = field(default_factory=dict)
+    predicted: StagePrediction
     """The peak's parts: fixed bytes, kept activations per microbatch, buffers, recompute."""
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        data.update(blocks=list(self.blocks), regions=[r.to_json() for r in self.regions])
+        data.update(
+            blocks=list(self.blocks),
+            regions=[r.to_json() for r in self.regions],
+            predicted=self.predicted.to_json(),
+        )
         return data
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> StagePlan:
         regions = tuple(Region.from_json(r) for r in data["regions"])
-        return StagePlan(**{**data, "blocks": tuple(data["blocks"]), "regions": regions})
+        predicted = StagePrediction.from_json(data["predicted"])
+        return StagePlan(
+            **{**data, "blocks": tuple(data["blocks"]), "regions": regions, "predicted": predicted}
+        )
+
+
+@dataclass(frozen=True)
+class PlanBudget:
+    """The budget a plan was solved for, as given and in bytes, and what it covers."""
+
+    text: str
+    """As the user wrote it (``12GB``, ``60%``)."""
+    bytes: int
+    scope: str = "step"
+    """``step`` (the whole step's peak) or ``activations`` (what checkpointing can change)."""
+    margin_percent: float | None = None
+    """Percent of the budget held back below it (``--margin``)."""
+    aim_bytes: int | None = None
+    """The peak the solver aimed at: the budget less the margin."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Keys of the plan file this version does not know, as they were."""
+
+    def to_json(self) -> dict[str, Any]:
+        data = {name: getattr(self, name) for name in known_fields(PlanBudget)}
+        return {**{k: v for k, v in data.items() if v is not None}, **self.extra}
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> PlanBudget:
+        return value_from_json(PlanBudget, data)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanSettings(Settings):
+    """What a plan was made for: its profile's settings, the scope of its budget, the notes
+    the profile made, and the ranks and pipeline it is one part of. A plan from an older
+    version may lack a key: it reads as the default.
+    """
+
+    scope: str = "step"
+    notes: tuple[str, ...] = ()
+    """What the profile noticed and did about it (``use_cache`` turned off, ...)."""
+    world_size: int = 1
+    parallel: str | None = None
+    """The data-parallel strategy (``fsdp``, ``ddp``) whose ranks the plan is one of."""
+    pipeline: Mapping[str, Any] | None = None
+    """The pipeline's layout, for a plan made by ``solve_pipeline``."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Keys of the plan file this version does not know, as they were."""
+
+    def to_json(self) -> dict[str, Any]:
+        data = {name: getattr(self, name) for name in known_fields(PlanSettings)}
+        data["notes"] = list(self.notes)
+        if self.pipeline is None:  # a plan for one device reads as before
+            del data["pipeline"]
+        return {**data, **self.extra}
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> PlanSettings:
+        return replace(value_from_json(PlanSettings, data), notes=tuple(data.get("notes", ())))
 
 
 @dataclass(frozen=True)
@@ -76,12 +147,12 @@ class Plan:
     model: str
     fingerprint: dict[str, Any]
     inputs: Any
-    budget: dict[str, Any]
+    budget: PlanBudget
     solver: str
-    settings: dict[str, Any]
+    settings: PlanSettings
     blocks: tuple[str, ...]
     regions: tuple[Region, ...]
-    predicted: dict[str, Any]
+    predicted: Prediction
     baselines: dict[str, Any] = field(default_factory=dict)
     stages: tuple[StagePlan, ...] = ()
     """Pipeline stages, one section each (``ckptplan.pipeline``); none for one device."""
@@ -91,6 +162,9 @@ class Plan:
         data = asdict(self)
         data["regions"] = [r.to_json() for r in self.regions]
         data["blocks"] = list(self.blocks)
+        data["predicted"] = self.predicted.to_json()
+        data["budget"] = self.budget.to_json()
+        data["settings"] = self.settings.to_json()
         data["stages"] = [s.to_json() for s in self.stages]
         if not self.stages:  # a plan for one device reads as before
             del data["stages"]
@@ -112,12 +186,12 @@ class Plan:
                 model=data["model"],
                 fingerprint=data["fingerprint"],
                 inputs=data["inputs"],
-                budget=data["budget"],
+                budget=PlanBudget.from_json(data["budget"]),
                 solver=data["solver"],
-                settings=data["settings"],
+                settings=PlanSettings.from_json(data["settings"]),
                 blocks=tuple(data["blocks"]),
                 regions=tuple(Region.from_json(r) for r in data["regions"]),
-                predicted=data["predicted"],
+                predicted=Prediction.from_json(data["predicted"]),
                 baselines=data.get("baselines", {}),
                 stages=tuple(StagePlan.from_json(s) for s in data.get("stages", ())),
             )

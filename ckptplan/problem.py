@@ -20,6 +20,7 @@ from dataclasses import replace
 from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError
 from ckptplan.options import SCOPES
+from ckptplan.policy_types import Choice, OpCall, Policy
 from ckptplan.profile_types import (
     BlockProfile,
     OpRecord,
@@ -295,7 +296,7 @@ def _menu(
 
 # Note [selective options under torch.compile]
 #     Under compile a policy must keep every random op's outputs (Note [random ops under
-#     torch.compile] in ``ckptplan.wrapping``), and those are not the eager step's: inductor's
+#     torch.compile] in ``ckptplan.policy_runtime``), and those are not the eager step's: inductor's
 #     dropout returns its output and a boolean mask, where eager's CPU dropout fills a float
 #     mask in place. So the chain cannot price a selective option of a block with random ops:
 #     on the compiled-plan tests' model, keeping one matmul of a dropout block was priced at
@@ -310,7 +311,7 @@ def block_forward_ops(profile: Profile) -> list[list[OpRecord]]:
 
 def region_policy(
     profile: Profile, start: int, end: int, selections: Mapping[int, Selection]
-) -> dict[str, list[str]] | None:
+) -> Policy | None:
     """The policy of a region of blocks ``[start, end)`` whose blocks run ``selections``.
 
     A menu names ops ``op#k`` by their call count within one block; a policy counts within its
@@ -319,17 +320,18 @@ def region_policy(
     """
     ops = block_forward_ops(profile)
     before: Counter[str] = Counter()
-    policy: dict[str, list[str]] = {"save": [], "offload": []}
+    calls: dict[Choice, list[OpCall]] = {choice: [] for choice in Choice}
     for k in range(start, end):
         if k in selections:
-            for key, names in (("save", selections[k].saved), ("offload", selections[k].offloaded)):
+            chosen = ((Choice.SAVE, selections[k].saved), (Choice.OFFLOAD, selections[k].offloaded))
+            for choice, names in chosen:
                 for name in names:
-                    op, _, index = name.partition("#")
-                    policy[key].append(f"{op}#{int(index) + before[op]}")
+                    call = OpCall.parse(name)
+                    calls[choice].append(call.after(before[call.op]))
         before.update(op.op for op in ops[k])
-    if not any(policy.values()):
+    if not any(calls.values()):
         return None
-    return {key: names for key, names in policy.items() if names or key == "save"}
+    return Policy(tuple(calls[Choice.SAVE]), tuple(calls[Choice.OFFLOAD]))
 
 
 def _priced(block: BlockProfile, ops: list[OpRecord]) -> tuple[object, ...]:

@@ -48,11 +48,14 @@ from ckptplan.errors import CkptplanError, option
 from ckptplan.fingerprint import check_model_matches
 from ckptplan.loading import load_model_file
 from ckptplan.plan import Plan, Region, as_plan
-from ckptplan.rewrite_source import norm_once, selective, source
+from ckptplan.policy_runtime import selective
+from ckptplan.policy_types import OpCall, Policy
+from ckptplan.rewrite_runtime import norm_once
+from ckptplan.rewrite_source import source
 from ckptplan.rewrite_trace import trace
-from ckptplan.wrapping import _policy_saves, _refuse_wrapped
+from ckptplan.wrapping import refuse_wrapped
 
-__all__ = ["RegionInfo", "rewrite", "rewrite_file", "save", "selective", "source"]
+__all__ = ["RegionInfo", "rewrite", "rewrite_file", "save", "source"]
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,7 @@ class RegionInfo:
 
     name: str
     modules: tuple[str, ...]
-    saves: tuple[str, ...] | None
+    saves: tuple[OpCall, ...] | None
     nested: tuple[RegionInfo, ...] = ()
 
 
@@ -79,7 +82,7 @@ def rewrite(
             f"{type(model).__name__} is checkpointed in place by ckptplan.apply; rewrite the "
             "model before applying a plan, not after"
         )
-    _refuse_wrapped(model)
+    refuse_wrapped(model)
     check_model_matches(model, plan, force)
     root = trace(model)
     leaves = frozenset(str(n.target) for n in root.graph.nodes if n.op == "call_module")
@@ -89,8 +92,8 @@ def rewrite(
     root.ckptplan_leaves = leaves
     root.ckptplan_model = type(model).__name__
     root.ckptplan_plan = (
-        f"Plan: solver {plan.solver}, budget {format_bytes(int(plan.budget['bytes']))}, predicted "
-        f"peak {format_bytes(int(plan.predicted['peak_bytes']))}"
+        f"Plan: solver {plan.solver}, budget {format_bytes(int(plan.budget.bytes))}, predicted "
+        f"peak {format_bytes(int(plan.predicted.peak_bytes))}"
     )
     return root
 
@@ -154,7 +157,7 @@ def _extract(root: torch.fx.GraphModule, region: Region) -> RegionInfo:
     nested = tuple(_extract(root, child) for child in region.children)
     name = _region_name(region.modules)
     label = "+".join(region.modules)
-    saves = _policy_saves(region.policy, label)
+    saves = _saves(region.policy, label)
     graph = root.graph
     nodes = _region_nodes(graph, region.modules)
     chosen = set(nodes)
@@ -185,8 +188,9 @@ def _extract(root: torch.fx.GraphModule, region: Region) -> RegionInfo:
         target = graph.get_attr(name)
         kwargs: dict[str, Any] = {"use_reentrant": False, "preserve_rng_state": True}
         if saves is not None:
+            calls = tuple((call.op, call.index) for call in saves)
             kwargs["context_fn"] = graph.create_node(
-                "call_function", selective, (saves, label), name=f"{name}_policy"
+                "call_function", selective, (calls,), name=f"{name}_policy"
             )
         arguments = (target, *state, *inputs)
         call = graph.create_node("call_function", checkpoint, arguments, kwargs, name=f"{name}_out")
@@ -205,6 +209,18 @@ def _extract(root: torch.fx.GraphModule, region: Region) -> RegionInfo:
     info = RegionInfo(name, region.modules, saves, nested)
     sub.ckptplan_region = info
     return info
+
+
+def _saves(policy: Policy | None, region: str) -> tuple[OpCall, ...] | None:
+    """The op calls a region's policy keeps; the rewritten code cannot offload."""
+    if policy is None:
+        return None
+    if policy.offloads:
+        raise CkptplanError(
+            f"policy of {region} offloads ops, which `ckptplan rewrite` does not do; apply the "
+            "plan with ckptplan.apply(model, plan) instead"
+        )
+    return policy.saves
 
 
 def _body(

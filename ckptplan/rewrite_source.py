@@ -10,8 +10,8 @@ holds nothing but its nested regions: the modules it runs come in as arguments.
 
 from __future__ import annotations
 
+import ast
 import builtins
-import functools
 import inspect
 import math
 import re
@@ -22,38 +22,15 @@ import torch
 import torch.fx
 from torch.fx.graph import _custom_builtins
 
+from ckptplan import policy_runtime
 from ckptplan.errors import CkptplanError
-from ckptplan.wrapping import _selective_contexts
+from ckptplan.policy_runtime import selective
+from ckptplan.rewrite_runtime import if_training, norm_once
 
 if TYPE_CHECKING:
     from ckptplan.rewrite import RegionInfo
 
 _MODULE_ATTRIBUTES = frozenset(torch.nn.Module().__dict__)
-
-
-def selective(saves: tuple[str, ...], region: str) -> functools.partial[tuple[Any, Any]]:
-    """The ``context_fn`` of a region that keeps the ops in ``saves`` (``op#k`` or ``op``)."""
-    return functools.partial(_selective_contexts, saves, region)
-
-
-def if_training(training: bool, when_training: object, otherwise: object) -> object:
-    """A value the forward computes from a module's training flag (traced as two constants)."""
-    return when_training if training else otherwise
-
-
-def norm_once(norm: torch.nn.Module, *args: object) -> object:
-    """``norm(*args)``; when backward recomputes the region, its running statistics are put
-    back as the forward left them (a compiled graph never replays the update)."""
-    if torch.compiler.is_compiling() or torch._C._current_graph_task_id() == -1:
-        return norm(*args)
-    with torch.no_grad():
-        kept = [b.clone() for b in norm.buffers(recurse=False)]
-    try:
-        return norm(*args)
-    finally:
-        with torch.no_grad():
-            for buffer, value in zip(norm.buffers(recurse=False), kept, strict=True):
-                buffer.copy_(value)
 
 
 def source(module: torch.fx.GraphModule, weights: str = "model_ckpt.pt") -> str:
@@ -97,7 +74,7 @@ def source(module: torch.fx.GraphModule, weights: str = "model_ckpt.pt") -> str:
 def _region_lines(regions: tuple[RegionInfo, ...], depth: int = 0) -> list[str]:
     lines = []
     for r in regions:
-        policy = f"; saves {', '.join(r.saves)}" if r.saves else ""
+        policy = f"; saves {', '.join(map(str, r.saves))}" if r.saves else ""
         lines.append(f"{'  ' * depth}{r.name}: {' + '.join(r.modules)}{policy}")
         lines.extend(_region_lines(r.nested, depth + 1))
     return lines
@@ -214,13 +191,12 @@ class _Writer:
         return f"_leaf({', '.join(parts)})"
 
     def imports(self) -> list[str]:
-        lines = ["from pathlib import Path", "", "import torch"]
+        python, torch_lines = {"from pathlib import Path"}, {"import torch"}
         if selective in self.called:
-            lines[0:0] = ["import functools"]
-            lines.append(
-                "from torch.utils.checkpoint import CheckpointPolicy, "
-                "create_selective_checkpoint_contexts"
-            )
+            for line in _runtime(policy_runtime)[0]:
+                (torch_lines if line.split()[1].startswith("torch") else python).add(line)
+        by_module = sorted(python, key=lambda line: line.split()[1])
+        lines = [*by_module, "", *sorted(torch_lines, key=lambda i: (i != "import torch", i))]
         for name, value in sorted(self.globals.items()):
             if value is torch or vars(builtins).get(name) is value:
                 continue
@@ -232,7 +208,7 @@ class _Writer:
         if self.needs_leaf:
             out += ["", "", _LEAF_HELPER.strip("\n")]
         if selective in self.called:
-            out += ["", "", _POLICY_HELPER.strip("\n")]
+            out += ["", "", _runtime(policy_runtime)[1]]
         for helper in (if_training, norm_once):
             if helper in self.called:
                 out += ["", "", inspect.getsource(helper).strip("\n")]
@@ -251,6 +227,15 @@ class _Writer:
 
 _OURS = (selective, if_training, norm_once)
 """The functions of ours that the traced code calls."""
+
+
+def _runtime(module: types.ModuleType) -> tuple[list[str], str]:
+    """A runtime module as a written file copies it: its import lines, and all its code after
+    them."""
+    text = inspect.getsource(module)
+    imports = [n for n in ast.parse(text).body if isinstance(n, ast.Import | ast.ImportFrom)]
+    after = max(n.end_lineno or n.lineno for n in imports)
+    return [ast.unparse(n) for n in imports], "\n".join(text.splitlines()[after:]).strip("\n")
 
 
 def _region_of(module: torch.nn.Module) -> RegionInfo | None:
@@ -377,34 +362,6 @@ def _leaf(cls: type, config: dict, tensors: dict, children: dict | None = None) 
     for name, child in (children or {}).items():
         module.add_module(name, child)
     return module
-'''
-
-_POLICY_HELPER = '''
-def selective(saves: tuple[str, ...], region: str) -> functools.partial:
-    """A region's context_fn: selective checkpointing that keeps the ops in saves."""
-    return functools.partial(_selective_contexts, saves)
-
-
-def _selective_contexts(saves: tuple[str, ...]) -> tuple:
-    """``op#k`` keeps the k-th call of op in the region (from 0), ``op`` every call."""
-    ops = {}
-    for entry in saves:
-        name, _, index = entry.partition("#")
-        namespace, op, overload = name.split(".")
-        func = getattr(getattr(getattr(torch.ops, namespace), op), overload)
-        ops.setdefault(func, set()).add(int(index) if index else None)
-    counts = {False: {}, True: {}}
-
-    def decide(ctx, func, *args, **kwargs):
-        seen = counts[ctx.is_recompute]
-        index = seen.get(func, 0)
-        seen[func] = index + 1
-        wanted = ops.get(func, ())
-        if None in wanted or index in wanted:
-            return CheckpointPolicy.MUST_SAVE
-        return CheckpointPolicy.PREFER_RECOMPUTE
-
-    return create_selective_checkpoint_contexts(decide)
 '''
 
 _BUILD = '''

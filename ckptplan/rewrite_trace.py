@@ -23,7 +23,7 @@ import torch.fx
 from torch.fx.node import Node, map_arg
 
 from ckptplan.errors import CkptplanError
-from ckptplan.rewrite_source import if_training
+from ckptplan.rewrite_runtime import if_training
 
 
 def trace(model: torch.nn.Module) -> torch.fx.GraphModule:

@@ -60,6 +60,6 @@ def sharding_advice(whole: Profile, aim: int, scope: str, world_size: int) -> st
             "sequence or the batch"
         )
     return (
-        f", or shard the model: {option('world_size', ranks)} {option('parallel', 'fsdp')} "
+        f", or shard the model: {option('world_size', ranks)} {option('strategy', 'fsdp')} "
         f"fits ({format_bytes(least_rank_peak(whole, ranks, scope))} per rank at least)"
     )

@@ -6,36 +6,10 @@ module adds what a person wants to read: which event peaks and what the bytes th
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
-
 from ckptplan.peak_event import EventKind, PeakEvent
+from ckptplan.prediction import Prediction
 from ckptplan.profile_types import Profile
 from ckptplan.solvers.chain import Chain, Schedule
-
-
-@dataclass(frozen=True)
-class Prediction:
-    peak_bytes: int
-    peak_event: str
-    parameters: int
-    gradients: int
-    optimizer: int
-    inputs: int
-    activations: int
-    recompute_time_s: float
-    """Time spent recomputing, and moving offloaded tensors to host memory and back."""
-    step_time_s: float
-    offloaded_bytes: int = 0
-    """Host memory that offloaded tensors hold at the end of forward."""
-
-    @property
-    def overhead(self) -> float:
-        """Predicted extra step time from recomputation, as a fraction of the unchecked step."""
-        return self.recompute_time_s / self.step_time_s if self.step_time_s else 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "overhead": self.overhead}
 
 
 def _gradients_at(profile: Profile, event: PeakEvent) -> int:

@@ -15,18 +15,20 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ckptplan.api import plan_from_schedule, selective_pays
 from ckptplan.budget import format_budget_at_least, format_bytes
 from ckptplan.devices import get_device
 from ckptplan.loading import Workload
-from ckptplan.measure import measure_compile_budget, verify_plan
+from ckptplan.peers import measure_compile_budget
 from ckptplan.plan import Plan
 from ckptplan.problem import selective_menus, to_chain
 from ckptplan.profiler import Settings, profile_model
 from ckptplan.progress import QUIET, Progress
+from ckptplan.schedule_plan import plan_from_schedule
+from ckptplan.search import selective_pays
 from ckptplan.solvers import baselines, dp
 from ckptplan.solvers.chain import Schedule
 from ckptplan.solvers.selective import thin
+from ckptplan.verification import verify_plan
 
 log = logging.getLogger("ckptplan")
 
@@ -132,7 +134,7 @@ def sweep(
         point = SweepPoint(
             strategy=schedule.solver,
             predicted_peak_bytes=schedule.peak,
-            predicted_overhead=plan.predicted["overhead"],
+            predicted_overhead=plan.predicted.overhead,
             regions=len(plan.regions),
             plan=plan,
         )
@@ -189,7 +191,7 @@ def save_plans(result: Sweep, folder: str | Path) -> list[Path]:
     for point in result.points:
         if point.plan is None:
             continue
-        stem = f"{point.strategy}-{point.plan.budget['text']}"
+        stem = f"{point.strategy}-{point.plan.budget.text}"
         path, n = directory / f"{stem}.json", 1
         while path in written:
             n += 1
@@ -203,7 +205,7 @@ def _paying(
     schedule: Schedule, segments: Sequence[Schedule], step_time: float, margin: float
 ) -> Schedule:
     """Auto's plan as ``solve`` returns it: dp's plan for the same peak where a selective
-    plan is not predicted to pay for itself (``api.selective_pays``)."""
+    plan is not predicted to pay for itself (``search.selective_pays``)."""
     rival = _fastest_within(segments, schedule.peak)
     if rival is None or selective_pays(
         schedule.recompute_time, rival.recompute_time, step_time, margin if schedule.options else 0

@@ -8,16 +8,13 @@ import click
 from ckptplan.boundary import user_errors
 from ckptplan.cli_options import (
     MODEL_HELP,
-    StepOptions,
-    console,
     model_argument,
-    print_json,
-    progress_display,
     run_on_option,
     step_options,
     tune_for_timing,
-    writable_destination,
 )
+from ckptplan.cli_output import console, print_json, progress_display, writable_destination
+from ckptplan.options import ProfileOptions
 
 __all__ = ["sweep_command"]
 
@@ -69,11 +66,11 @@ def sweep_command(
     repeats: int,
     plots: tuple[str, ...],
     save_plans: str | None,
-    step: StepOptions,
+    step: ProfileOptions,
     as_json: bool,
 ) -> None:
     """The memory/step-time frontier of every strategy: none, full, every-k, sqrt, dp, auto."""
-    from ckptplan.api import load_workload
+    from ckptplan.api import load_workload, settings_of
     from ckptplan.budget import parse_budget
     from ckptplan.report import show_sweep
     from ckptplan.sweep import SweepOptions, save_plot, sweep, terminal_plot
@@ -87,7 +84,7 @@ def sweep_command(
     workload = load_workload(model)
     options = SweepOptions(points=points, verify=run_verify, repeats=repeats, run_on=run_on)
     with progress_display(as_json) as progress:
-        result = sweep(workload, step.settings(), options, progress)
+        result = sweep(workload, settings_of(step), options, progress)
     budget_bytes = parsed.resolve(result.unchecked_peak_bytes) if parsed else None
     for path in plots:
         save_plot(result, path, budget_bytes)

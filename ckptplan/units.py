@@ -47,6 +47,7 @@ from torch.utils import _pytree as pytree
 
 from ckptplan.errors import CkptplanError, option
 from ckptplan.plan import Region
+from ckptplan.policy_types import Choice, OpCall, Policy
 
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential)
 
@@ -255,23 +256,22 @@ def _span(modules: Sequence[str]) -> tuple[str, int, int] | None:
     return parents.pop(), indices[0], indices[-1]
 
 
-def _policy_text(policy: dict[str, Any] | None, shown: int = 3) -> str:
-    if not policy:
+def _policy_text(policy: Policy | None, shown: int = 3) -> str:
+    if policy is None:
         return ""
     parts = []
-    for verb, key in (("keeps", "save"), ("offloads", "offload")):
-        names = [_short_op(name) for name in policy.get(key) or ()]
+    for verb, choice in (("keeps", Choice.SAVE), ("offloads", Choice.OFFLOAD)):
+        names = [_short_op(call) for call in policy.calls(choice)]
         if names:
             more = ", ..." if len(names) > shown else ""
             parts.append(f"{verb} {', '.join(names[:shown])}{more}")
     return f" (selective: {'; '.join(parts) or 'keeps nothing'})"
 
 
-def _short_op(name: str) -> str:
+def _short_op(call: OpCall) -> str:
     """``aten.addmm.default#0`` -> ``addmm#0``; other overloads keep their name."""
-    op, _, index = name.partition("#")
-    op = op.removeprefix("aten.").removesuffix(".default")
-    return f"{op}#{index}" if index else op
+    op = call.op.removeprefix("aten.").removesuffix(".default")
+    return str(OpCall(op, call.index))
 
 
 @dataclass
@@ -282,7 +282,7 @@ class _Run:
     first: int
     last: int
     size: int
-    policy: dict[str, Any] | None
+    policy: Policy | None
     count: int = 1
 
     def text(self) -> str:
@@ -302,8 +302,8 @@ def describe_regions(regions: Sequence[Region]) -> str:
     eight regions of one block, ``blocks.0-2 as one`` a region of three, ``blocks.0-7 x4 of 2``
     four regions of two; a selective policy follows its run.
 
-    >>> one = Region(("b.0", "b.1", "b.2"))
-    >>> describe_regions([one, *(Region((f"b.{i}",), policy={"save": ["mm#0"]}) for i in (3, 4))])
+    >>> one, keeps = Region(("b.0", "b.1", "b.2")), Policy((OpCall("aten.mm.default", 0),))
+    >>> describe_regions([one, *(Region((f"b.{i}",), policy=keeps) for i in (3, 4))])
     'b.0-2 as one, b.3-4 x2 (selective: keeps mm#0)'
     """
     parts: list[_Run | str] = []

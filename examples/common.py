@@ -58,7 +58,7 @@ def load(path: Path) -> Workload:
 
 def check_layout(plan: Plan, world: int, parallel: str) -> None:
     """Refuse a plan made for another number of ranks or another kind of parallelism."""
-    made = (plan.settings.get("world_size", 1), plan.settings.get("parallel"))
+    made = (plan.settings.world_size, plan.settings.parallel)
     if made != (world, parallel):
         raise CkptplanError(
             f"the plan's budget is per rank for world size {made[0]} with {made[1] or 'no'} "
@@ -70,7 +70,7 @@ def check_layout(plan: Plan, world: int, parallel: str) -> None:
 def batch(workload: Workload, plan: Plan, rank: int, step: int, device: torch.device) -> Inputs:
     """This rank's batch of ``step`` (the plan's per-rank batch size); seeds dropout after."""
     torch.manual_seed(10_000 + 100 * step + rank)
-    inputs = workload.inputs(plan.settings.get("batch_size"))
+    inputs = workload.inputs(plan.settings.batch_size)
     torch.manual_seed(20_000 + 100 * step + rank)
     if isinstance(inputs, dict):
         return {k: v.to(device) for k, v in inputs.items()}
@@ -166,8 +166,8 @@ class Report:
         data: dict[str, Any] = {
             "losses": self.losses,
             "peak": peak,
-            "budget": int(plan.budget["bytes"]),
-            "predicted": int(plan.predicted["peak_bytes"]),
+            "budget": int(plan.budget.bytes),
+            "predicted": int(plan.predicted.peak_bytes),
             "applied": str(applied),
             "first_backward": applied.first_backward,
             "recomputed": applied.recomputed,

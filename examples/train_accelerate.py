@@ -54,14 +54,14 @@ def train(budget: str | None, steps: int, cache_dir: str | Path | None = None) -
     model = workload.build().train()
     if budget is not None:
         batch = {"input_ids": ids[:BATCH_SIZE], "labels": ids[:BATCH_SIZE]}
-        parallel = None if accelerator.distributed_type == DistributedType.NO else "ddp"
+        strategy = None if accelerator.distributed_type == DistributedType.NO else "ddp"
         model = ckptplan.apply(
             model,
             budget=budget,
             example_inputs=batch,
             cache_dir=cache_dir,
             world_size=ranks,
-            parallel=parallel,
+            strategy=strategy,
         )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     samples = [{"input_ids": row, "labels": row} for row in ids]

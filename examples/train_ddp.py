@@ -43,7 +43,7 @@ def main() -> None:
         ddp = DistributedDataParallel(
             model, device_ids=None if device.index is None else [device.index]
         )
-        optimizer = make_optimizer(plan.settings.get("optimizer", "adamw"), model)
+        optimizer = make_optimizer(plan.settings.optimizer, model)
         for step in range(args.steps):
             memory.step(step)
             inputs = batch(workload, plan, rank, step, device)

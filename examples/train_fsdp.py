@@ -43,7 +43,7 @@ def main() -> None:
         for path in plan.blocks:
             fully_shard(model.get_submodule(path))
         fully_shard(model)
-        optimizer = make_optimizer(plan.settings.get("optimizer", "adamw"), model)
+        optimizer = make_optimizer(plan.settings.optimizer, model)
         for step in range(args.steps):
             memory.step(step)
             inputs = batch(workload, plan, rank, step, device)

@@ -36,7 +36,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 
 import ckptplan
 from ckptplan.errors import CkptplanError
-from ckptplan.pipeline import stage_plan
+from ckptplan.pipeline_stage import stage_plan
 from ckptplan.training import make_optimizer
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
@@ -92,7 +92,7 @@ def main() -> None:
     args = arguments(__doc__.splitlines()[0])
     rank, world, device = start_ranks()
     plan = ckptplan.Plan.load(args.plan)
-    pipe = plan.settings.get("pipeline")
+    pipe = plan.settings.pipeline
     if not pipe or pipe["stages"] != world or pipe["schedule"] not in SCHEDULES:
         raise CkptplanError(
             f"the plan is not for a {world}-stage GPipe or 1F1B pipeline; re-solve it with "
@@ -115,11 +115,11 @@ def main() -> None:
         schedule = SCHEDULES[pipe["schedule"]](
             stage, n_microbatches=microbatches, loss_fn=source.pipeline_loss
         )
-        optimizer = make_optimizer(plan.settings.get("optimizer", "adamw"), module)
+        optimizer = make_optimizer(plan.settings.optimizer, module)
         for step in range(args.steps):
             memory.step(step)
             seeds.start(step)
-            tokens, targets = pipeline_batch(shapes, plan.settings["batch_size"], step, device)
+            tokens, targets = pipeline_batch(shapes, plan.settings.batch_size, step, device)
             losses: list[torch.Tensor] = []
             if rank == 0:
                 schedule.step(tokens, return_outputs=False)

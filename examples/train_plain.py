@@ -36,7 +36,7 @@ def main() -> None:
     model = ckptplan.apply(model, plan)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     for step in range(args.steps):
-        inputs = workload.inputs(plan.settings.get("batch_size"))
+        inputs = workload.inputs(plan.settings.batch_size)
         if isinstance(inputs, dict):
             inputs = {k: v.to(device) for k, v in inputs.items()}
         else:

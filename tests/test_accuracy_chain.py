@@ -13,10 +13,10 @@ from __future__ import annotations
 import pytest
 
 import ckptplan
-from ckptplan.api import plan_from_schedule
+from ckptplan.fakerun import fake_run_peak
 from ckptplan.loading import load_model_file
-from ckptplan.measure import fake_run_peak
 from ckptplan.problem import to_chain
+from ckptplan.schedule_plan import plan_from_schedule
 from ckptplan.solvers.chain import simulate
 from tests.conftest import ROOT
 

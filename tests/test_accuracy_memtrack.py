@@ -13,12 +13,13 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import ckptplan
-from ckptplan.api import plan_from_schedule
+from ckptplan.fakerun import fake_run_peak
 from ckptplan.loading import load_model_file
-from ckptplan.measure import fake_run_peak, verify_plan
 from ckptplan.memtrack import _UNREDUCED_LOSSES, LiveStorageTracker
 from ckptplan.problem import to_chain
+from ckptplan.schedule_plan import plan_from_schedule
 from ckptplan.solvers import run_solver
+from ckptplan.verification import verify_plan
 
 SHAPE = (4, 5, 6)
 

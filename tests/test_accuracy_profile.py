@@ -9,15 +9,15 @@ import pytest
 from torch.utils.module_tracker import ModuleTracker
 
 import ckptplan
-from ckptplan import measure, stepruns
-from ckptplan.api import plan_from_schedule
+from ckptplan import pairtiming, stepruns
 from ckptplan.costs import OpRecorder
-from ckptplan.devices import get_device
+from ckptplan.devices import get_device, op_kind
+from ckptplan.fakerun import fake_run_peak
 from ckptplan.loading import load_model_file
-from ckptplan.measure import fake_run_peak
 from ckptplan.problem import to_chain
 from ckptplan.profile_types import OpRecord
 from ckptplan.profiler import Settings, profile_model
+from ckptplan.schedule_plan import plan_from_schedule
 from ckptplan.solvers.chain import simulate
 from ckptplan.steptiming import median_times
 from tests.conftest import ROOT
@@ -116,9 +116,20 @@ def test_step_time_ratio_survives_load_that_hits_one_side(monkeypatch: pytest.Mo
     # Rounds alternate (baseline, candidate), (candidate, baseline), ...; the 5s are bursts.
     load = iter([1, 1, 5, 5, 5, 1, 1, 5, 1, 1])
     cost = {"baseline": 1.0, "candidate": 1.3}
-    monkeypatch.setattr(measure, "_timed", lambda _file, run, _target: cost[run] * next(load))
+    monkeypatch.setattr(
+        pairtiming, "timed_step", lambda _file, run, _target: cost[run] * next(load)
+    )
     runs = {name: name for name in cost}
-    times = measure._paired_times(None, runs, None, repeats=5)  # type: ignore[arg-type]
-    assert statistics.median(measure._pair_ratios(times)) == pytest.approx(1.3)
+    times = pairtiming.paired_times(None, runs, None, repeats=5)  # type: ignore[arg-type]
+    assert statistics.median(pairtiming.pair_ratios(times)) == pytest.approx(1.3)
     ratio_of_medians = statistics.median(times["candidate"]) / statistics.median(times["baseline"])
     assert ratio_of_medians == pytest.approx(0.26)
+
+
+@pytest.mark.parametrize("model", ["gpt.py", "resnet.py"])
+def test_every_op_that_does_math_runs_against_a_compute_roofline(model: str) -> None:
+    """An op with FLOPs classed as memory-bound would have its compute priced at the memory
+    share of peak: matmuls, convolutions (and their backward) and attention are all found."""
+    profile = ckptplan.profile(ROOT / "sample_models" / model)
+    kinds = {op.op: op_kind(op.op) for op in profile.ops if op.flops > 0}
+    assert kinds and all(kind != "memory" for kind in kinds.values()), kinds

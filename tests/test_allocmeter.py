@@ -56,7 +56,7 @@ def test_verify_measures_with_the_allocator_and_the_plan_counts_each_region_stat
     assert len(plan.regions) >= 2
     check = ckptplan.verify(model, plan, repeats=1)
     assert check.tracked_peak_bytes == check.measured_peak_bytes
-    assert plan.predicted["fake_run_peak_bytes"] == check.measured_peak_bytes
+    assert plan.predicted.fake_run_peak_bytes == check.measured_peak_bytes
     assert check.predicted_peak_bytes == check.measured_peak_bytes <= check.budget_bytes
 
 
@@ -86,4 +86,4 @@ def test_a_mixed_precision_plan_is_measured_as_its_fake_run_counted_it() -> None
     plan = ckptplan.solve(model, budget="1.0", solver="full", dtype="bf16-mixed", batch_size=4)
     result = ckptplan.verify(model, plan, run_on="cpu", repeats=1)
     assert result.tracked_peak_bytes == result.measured_peak_bytes
-    assert result.measured_peak_bytes == plan.predicted["fake_run_peak_bytes"]
+    assert result.measured_peak_bytes == plan.predicted.fake_run_peak_bytes

@@ -43,7 +43,7 @@ def test_a_plan_made_with_an_optimizer_class_records_it() -> None:
     plan = ckptplan.solve(
         TINY, budget="1.0", solver="none", batch_size=2, optimizer=torch.optim.Adafactor
     )
-    assert plan.settings["optimizer"] == "torch.optim.Adafactor"
+    assert plan.settings.optimizer == "torch.optim.Adafactor"
 
 
 @pytest.mark.parametrize(

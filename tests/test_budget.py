@@ -3,6 +3,8 @@ import pytest
 from ckptplan.budget import format_budget_at_least, format_bytes, parse_budget
 from ckptplan.errors import CkptplanError
 
+pytestmark = pytest.mark.torchfree
+
 
 @pytest.mark.parametrize(
     ("text", "expected"),

@@ -12,6 +12,8 @@ from ckptplan.solvers.baselines import every_k, full, none, sqrt
 from ckptplan.solvers.chain import Chain, ChainBlock, InfeasibleBudget, simulate
 from ckptplan.solvers.dp import frontier, solve
 
+pytestmark = pytest.mark.torchfree
+
 
 def random_chain(rng: random.Random, n: int) -> Chain:
     """A plausible unchecked timeline: forward accumulates saved bytes, backward releases them."""

@@ -244,7 +244,7 @@ def test_the_python_api_takes_the_same_words(tiny_gpt) -> None:
     import ckptplan
 
     plan = ckptplan.solve(tiny_gpt, budget="100%", solver="none", batch_size=2, target="cpu")
-    assert plan.settings["device"] == "cpu"
+    assert plan.settings.device == "cpu"
     with pytest.warns(DeprecationWarning, match="is now target="):
         old = ckptplan.profile(tiny_gpt, batch_size=2, device="h100")
     assert old.settings.device == "h100"
@@ -275,7 +275,7 @@ def test_mixed_precision_keeps_fp32_state_and_bf16_activations(run, tiny_gpt) ->
 
 def test_progress_names_each_phase_and_stays_off_pipes(tiny_gpt, monkeypatch) -> None:
     import ckptplan
-    from ckptplan.cli_options import Spinner, progress_display
+    from ckptplan.cli_output import Spinner, progress_display
     from ckptplan.progress import QUIET
 
     class Recorder:
@@ -303,10 +303,11 @@ def test_progress_names_each_phase_and_stays_off_pipes(tiny_gpt, monkeypatch) ->
 
 def test_regions_are_listed_compactly() -> None:
     from ckptplan.plan import Region
+    from ckptplan.policy_types import OpCall, Policy
     from ckptplan.units import describe_regions
 
     ops = ["aten.addmm.default#0", "aten.addmm.default#1", "aten.mm.default#0", "aten.bmm.out#0"]
-    keeps = {"save": ops}
+    keeps = Policy(tuple(map(OpCall.parse, ops)))
     regions = [
         Region(("blocks.0", "blocks.1", "blocks.2")),
         *(Region((f"blocks.{i}",), policy=keeps) for i in range(3, 11)),
@@ -370,7 +371,7 @@ def test_sweep_figures_say_what_they_show_and_every_point_is_a_plan(run, tiny_gp
     }
     for path in written:
         plan = Plan.load(path)
-        assert plan.budget["bytes"] == plan.predicted["peak_bytes"]
+        assert plan.budget.bytes == plan.predicted.peak_bytes
     text = svg.read_text()
     budget = data["budget_bytes"] / 2**20
     for words in (

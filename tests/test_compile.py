@@ -172,9 +172,16 @@ def test_a_compiled_rewritten_module_trains_with_the_unchecked_gradients() -> No
         {"modules": ["blocks.4"], "policy": {"save": ["aten.addmm.default"]}},
     ]
     module = ckptplan.rewrite(copy.deepcopy(reference), plan_for(reference, regions))
+    checkpoints: list[int] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        checkpoints.append(sum(_checkpoints(gm)))
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
     expected = train(mlp, reference, reference)
-    got = train(mlp, torch.compile(module, backend="aot_eager"), module)
+    got = train(mlp, torch.compile(module, backend=backend), module)
     assert_same(expected, [{original_name(n): g for n, g in grads.items()} for grads in got])
+    assert sum(checkpoints) == len(regions), "each region is one checkpoint in the compiled graph"
 
 
 def test_the_compile_budget_peer_runs_tied_weights() -> None:
@@ -182,7 +189,8 @@ def test_the_compile_budget_peer_runs_tied_weights() -> None:
     GPT whose head is tied to its embedding (dropout off: torch 2.13's compiled dropout draws
     other masks than eager)."""
     from ckptplan.loading import LiveModel
-    from ckptplan.measure import measure_compile_budget
+    from ckptplan.peers import measure_compile_budget
+    from ckptplan.plan import PlanSettings
 
     module = load_model_file(ROOT / "sample_models" / "gpt.py").module
     torch.manual_seed(0)
@@ -190,6 +198,8 @@ def test_the_compile_budget_peer_runs_tied_weights() -> None:
     assert model.lm_head.weight is model.wte.weight
     batch = (torch.randint(0, 128, (16, 64)), torch.randint(0, 128, (16, 64)))
     workload = LiveModel(model, batch, module.loss_fn)
-    tight = measure_compile_budget(workload, {}, memory_budget=0.1, device="cpu", repeats=1)
+    tight = measure_compile_budget(
+        workload, PlanSettings(), memory_budget=0.1, device="cpu", repeats=1
+    )
     assert tight.max_grad_abs_diff <= 1e-5
     assert tight.measured_peak_bytes < 0.6 * tight.baseline_peak_bytes

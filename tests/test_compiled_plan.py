@@ -107,7 +107,7 @@ def test_inductor_makes_the_plans_partition_within_budget_with_eager_gradients(
     log = Partition()
     compiled = CompiledModel(planned, inductor_backend(log))
     got = gradients(compiled, planned, batch)
-    assert log.to_json()["saved"] == plan.predicted["compiled_partition"]["saved"]
+    assert log.to_json()["saved"] == plan.predicted.compiled_partition["saved"]
     for name, grad in expected.items():
         torch.testing.assert_close(got[name], grad, atol=1e-6, rtol=0, msg=name)
     optimizer = make_optimizer("adamw", planned)
@@ -120,7 +120,7 @@ def test_inductor_makes_the_plans_partition_within_budget_with_eager_gradients(
     step()
     persistent = storage_bytes(persistent_tensors(planned, optimizer, batch))
     measured = persistent + allocator_peak(step, planned).step
-    assert measured <= plan.budget["bytes"]
+    assert measured <= plan.budget.bytes
     assert log.compiled_graphs == 1, "the planned model compiles once"
 
 
@@ -129,11 +129,11 @@ def test_a_tighter_budget_saves_less_in_the_compiled_partition(
 ) -> None:
     model, batch = model_and_batch
     loose, tight = solve(model, batch, "95%"), solve(model, batch, "80%")
-    saved = [p.predicted["compiled_partition"]["saved_bytes"] for p in (loose, tight)]
+    saved = [p.predicted.compiled_partition["saved_bytes"] for p in (loose, tight)]
     assert saved[1] < saved[0]
-    assert tight.predicted["fake_run_peak_bytes"] <= tight.budget["bytes"]
-    assert tight.predicted["recompute_time_s"] > loose.predicted["recompute_time_s"]
-    assert tight.settings["compiled"] and loose.settings["compiled"]
+    assert tight.predicted.fake_run_peak_bytes <= tight.budget.bytes
+    assert tight.predicted.recompute_time_s > loose.predicted.recompute_time_s
+    assert tight.settings.compiled and loose.settings.compiled
 
 
 def test_an_unreachable_compiled_budget_names_the_least_that_fits(
@@ -152,7 +152,7 @@ def test_verify_measures_a_compiled_plan_under_inductor(
     result = ckptplan.verify(model, plan, (batch,), loss_fn=loss_fn, run_on="cpu", repeats=1)
     assert result.compiled is not None
     assert result.within_budget and result.grads_match
-    assert result.predicted_peak_bytes == plan.predicted["fake_run_peak_bytes"]
+    assert result.predicted_peak_bytes == plan.predicted.fake_run_peak_bytes
     assert result.measured_peak_bytes < result.compiled.unchecked_peak_bytes
     assert result.tracked_peak_bytes is None, "the tracker cannot follow inductor's kernels"
 
@@ -189,9 +189,9 @@ def test_the_cli_solves_for_torch_compile(tmp_path) -> None:
     assert result.exit_code == 0, result.output
     assert "for torch.compile" in result.output
     plan = Plan.load(out)
-    assert plan.settings["compiled"]
-    assert plan.predicted["fake_run_peak_bytes"] <= plan.budget["bytes"]
-    assert plan.predicted["compiled_partition"]["graphs"] == 1
+    assert plan.settings.compiled
+    assert plan.predicted.fake_run_peak_bytes <= plan.budget.bytes
+    assert plan.predicted.compiled_partition["graphs"] == 1
 
 
 class PatchNet(nn.Module):

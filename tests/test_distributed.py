@@ -23,12 +23,12 @@ import torch
 
 import ckptplan
 import ckptplan.api
-from ckptplan.api import plan_from_schedule
 from ckptplan.budget import parse_budget
 from ckptplan.distributed import per_rank
 from ckptplan.errors import CkptplanError
 from ckptplan.plan import Plan
 from ckptplan.problem import selective_menus, to_chain
+from ckptplan.schedule_plan import plan_from_schedule
 from ckptplan.solvers import run_solver
 from ckptplan.training import make_optimizer
 from tests.conftest import MODELS, ROOT
@@ -67,8 +67,9 @@ def per_rank_plan(mode: str, budget: str, solver: str) -> Plan:
     budget_bytes = parse_budget(budget).resolve(run_solver("none", chain, None).peak)
     schedule = run_solver(solver, chain, budget_bytes)
     plan = plan_from_schedule(profile, chain, schedule, budget, budget_bytes, menus=menus)
-    settings = {**plan.settings, "world_size": WORLD, "parallel": mode}
-    return Plan.from_json({**plan.to_json(), "settings": settings})
+    return dataclasses.replace(
+        plan, settings=dataclasses.replace(plan.settings, world_size=WORLD, parallel=mode)
+    )
 
 
 def test_fsdp_shards_the_persistent_bytes_and_adds_a_working_set(profile) -> None:
@@ -134,7 +135,7 @@ def single_process(plan: Plan) -> tuple[list[list[float]], dict[str, torch.Tenso
     workload = examples.load(MODELS / "tiny_gpt.py")
     torch.manual_seed(0)
     model = workload.build().train()
-    optimizer = make_optimizer(plan.settings["optimizer"], model)
+    optimizer = make_optimizer(plan.settings.optimizer, model)
     losses: list[list[float]] = [[] for _ in range(WORLD)]
     grads: dict[str, torch.Tensor] = {}
     for step in range(STEPS):
@@ -189,11 +190,11 @@ def test_an_example_refuses_a_plan_for_another_layout(tmp_path) -> None:
 )
 def test_solve_makes_a_per_rank_plan(profile) -> None:
     plan = ckptplan.solve(
-        MODELS / "tiny_gpt.py", budget="1.0", batch_size=BATCH, world_size=WORLD, parallel="fsdp"
+        MODELS / "tiny_gpt.py", budget="1.0", batch_size=BATCH, world_size=WORLD, strategy="fsdp"
     )
-    assert (plan.settings["world_size"], plan.settings["parallel"]) == (WORLD, "fsdp")
-    assert plan.budget["bytes"] == per_rank(profile, WORLD, "fsdp").peak_bytes
-    with pytest.raises(CkptplanError, match="needs parallel='fsdp' or parallel='ddp'"):
+    assert (plan.settings.world_size, plan.settings.parallel) == (WORLD, "fsdp")
+    assert plan.budget.bytes == per_rank(profile, WORLD, "fsdp").peak_bytes
+    with pytest.raises(CkptplanError, match="needs strategy='fsdp' or strategy='ddp'"):
         ckptplan.solve(MODELS / "tiny_gpt.py", budget="1.0", batch_size=BATCH, world_size=WORLD)
     with pytest.raises(CkptplanError, match="verify it where it runs"):
         ckptplan.verify(MODELS / "tiny_gpt.py", plan)

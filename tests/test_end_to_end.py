@@ -15,7 +15,7 @@ SAMPLES = ROOT / "sample_models"
 @pytest.fixture(scope="module")
 def gpt_bounds() -> tuple[int, int]:
     full = ckptplan.solve(SAMPLES / "gpt.py", budget="1.0", solver="full", batch_size=2)
-    return full.predicted["peak_bytes"], full.baselines["none"]["peak_bytes"]
+    return full.predicted.peak_bytes, full.baselines["none"]["peak_bytes"]
 
 
 @pytest.mark.parametrize(
@@ -44,7 +44,7 @@ def test_smaller_budgets_buy_memory_with_recompute(gpt_bounds) -> None:
         ckptplan.solve(SAMPLES / "gpt.py", budget=str(int(low + f * (high - low))), batch_size=2)
         for f in (0.1, 0.5, 0.9)
     ]
-    overheads = [p.predicted["recompute_time_s"] for p in plans]
+    overheads = [p.predicted.recompute_time_s for p in plans]
     assert overheads[0] > overheads[1] > overheads[2]
     assert len({json.dumps(p.to_json()["regions"]) for p in plans}) == 3
 
@@ -54,7 +54,7 @@ def test_dp_beats_fixed_policies_on_every_sample(name) -> None:
     profile = ckptplan.profile(SAMPLES / f"{name}.py", batch_size=1)
     chain = to_chain(profile)
     for fixed in ("sqrt", "full", "every-k"):
-        baseline = run_solver(fixed, chain, None, every=2)
+        baseline = run_solver(fixed, chain, None)
         plan = run_solver("dp", chain, baseline.peak)
         assert plan.peak <= baseline.peak
         assert plan.recompute_time <= baseline.recompute_time + 1e-12
@@ -76,4 +76,4 @@ def test_auto_plans_below_the_least_peak_of_segments() -> None:
             batch_size=4,
         )
     assert any(region.policy for region in plan.regions)
-    assert plan.predicted["fake_run_peak_bytes"] <= plan.budget["bytes"]
+    assert plan.predicted.fake_run_peak_bytes <= plan.budget.bytes

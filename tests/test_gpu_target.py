@@ -11,6 +11,7 @@ from ckptplan.errors import CkptplanError
 from ckptplan.gpukernels import FLASH
 from ckptplan.loading import load_model_file
 from ckptplan.plan import Plan, Region
+from ckptplan.policy_types import OpCall, Policy
 from ckptplan.training import cast_model
 from tests.conftest import ROOT
 
@@ -57,7 +58,7 @@ def test_a_gpu_plan_profiles_flash_attention_and_saves_what_it_saves() -> None:
 
 def test_a_plan_that_keeps_a_gpu_kernel_is_refused_where_it_never_runs() -> None:
     plan = ckptplan.solve(GPT, budget="100%", solver="none", target="h100", dtype="bf16")
-    keeps_flash = {"save": [str(FLASH)]}
+    keeps_flash = Policy((OpCall(str(FLASH)),))
     plan = Plan.from_json(
         {**plan.to_json(), "regions": [Region(("blocks.0",), policy=keeps_flash).to_json()]}
     )
@@ -86,7 +87,7 @@ def test_a_gpu_plan_recomputes_with_the_gpus_kernels_in_its_fake_run() -> None:
     number of saved tensors, a CheckpointError)."""
     plan = ckptplan.solve(GPT, budget="80%", solver="dp", target="h100", dtype="bf16")
     assert plan.regions
-    assert plan.predicted["fake_run_peak_bytes"] == plan.predicted["peak_bytes"]
+    assert plan.predicted.fake_run_peak_bytes == plan.predicted.peak_bytes
 
 
 def test_verify_refuses_to_judge_a_gpu_plan_on_the_cpu() -> None:

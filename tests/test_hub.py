@@ -86,7 +86,7 @@ def test_solve_plans_a_config_folder(folders, name: str, tmp_path) -> None:
     assert result.exit_code == 0, result.output
     plan = ckptplan.plan.Plan.load(plan_path)
     assert plan.regions, "the layers are found and planned"
-    assert plan.predicted["fake_run_peak_bytes"] <= plan.budget["bytes"]
+    assert plan.predicted.fake_run_peak_bytes <= plan.budget.bytes
 
 
 def test_the_task_comes_from_the_architectures(folders) -> None:

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import ckptplan
-from ckptplan.api import plan_from_schedule
 from ckptplan.loading import call_model, load_model_file
 from ckptplan.problem import to_chain
 from ckptplan.profiler import Profile
+from ckptplan.schedule_plan import plan_from_schedule
 from ckptplan.solvers.chain import AfterCode, Chain, Enclosure, InfeasibleBudget, simulate
 from ckptplan.solvers.dp import solve
 from ckptplan.training import training_conventions

@@ -132,8 +132,8 @@ def test_plans_follow_the_schedule(one_f_one_b: Plan) -> None:
     # The first stage keeps two microbatches, the last one: at one budget the first needs more.
     assert checkpointed(plan, 0) > checkpointed(plan, 1)
     for stage in plan.stages:
-        assert stage.predicted_peak_bytes <= stage.budget_bytes == plan.budget["bytes"]
-    gpipe = solve("gpipe", budget=str(plan.budget["bytes"]))
+        assert stage.predicted_peak_bytes <= stage.budget_bytes == plan.budget.bytes
+    gpipe = solve("gpipe", budget=str(plan.budget.bytes))
     assert [s.in_flight for s in gpipe.stages] == [4, 4]
     assert checkpointed(gpipe, 1) > checkpointed(plan, 1)
 
@@ -250,23 +250,23 @@ def test_interleaved_stages_share_their_rank_budget() -> None:
     assert sum(len(s.blocks) for s in plan.stages) == 6
     for rank in (0, 1):
         peaks = {s.predicted_peak_bytes for s in plan.stages if s.rank == rank}
-        assert len(peaks) == 1 and peaks.pop() <= plan.budget["bytes"]
+        assert len(peaks) == 1 and peaks.pop() <= plan.budget.bytes
 
 
 def test_data_parallel_stages_hold_their_share_of_the_sharded_state(one_f_one_b: Plan) -> None:
     pipeline = Pipeline(stages=2, microbatches=MICROBATCHES, schedule="1f1b")
     sharded = ckptplan.solve_pipeline(
         MODEL,
-        budget=str(one_f_one_b.budget["bytes"]),
+        budget=str(one_f_one_b.budget.bytes),
         batch_size=BATCH,
         blocks="layers.*",
         pipeline=pipeline,
         world_size=2,
-        parallel="fsdp",
+        strategy="fsdp",
     )
-    assert (sharded.settings["world_size"], sharded.settings["parallel"]) == (2, "fsdp")
+    assert (sharded.settings.world_size, sharded.settings.parallel) == (2, "fsdp")
     for alone, shard in zip(one_f_one_b.stages, sharded.stages, strict=True):
-        assert shard.predicted["fixed_bytes"] < alone.predicted["fixed_bytes"]
+        assert shard.predicted.fixed_bytes < alone.predicted.fixed_bytes
 
 
 def test_stage_without_a_plan_is_refused() -> None:

@@ -10,10 +10,10 @@ from dataclasses import replace
 
 import pytest
 
-from ckptplan.api import plan_from_schedule
 from ckptplan.loading import load_model_file
 from ckptplan.problem import selective_menus, to_chain
 from ckptplan.profiler import Profile, Settings, profile_model
+from ckptplan.schedule_plan import plan_from_schedule
 from solvers import run_solver
 from tests.conftest import MODELS
 

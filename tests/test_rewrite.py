@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -20,13 +21,16 @@ from typing import Any
 
 import pytest
 import torch
+from torch.utils.checkpoint import CheckpointPolicy
 
 import ckptplan
 import ckptplan.rewrite
+from ckptplan import policy_runtime
 from ckptplan.errors import CkptplanError
 from ckptplan.fingerprint import model_fingerprint
 from ckptplan.loading import ModelFile, call_model, load_model_file
 from ckptplan.plan import Plan
+from ckptplan.policy_types import Choice
 from tests.conftest import MODELS, ROOT
 
 
@@ -135,6 +139,51 @@ def test_rewritten_sample_models_keep_the_state_dict_and_train_and_evaluate_alik
     assert source.count("torch.utils.checkpoint.checkpoint(") == top + sum(
         len(r.get("children", ())) for r in REGIONS[name]
     )
+
+
+def test_the_written_policy_decides_as_applys_at_every_op_call(tmp_path, monkeypatch) -> None:
+    """For one plan, the policy in the written file (copied from ``ckptplan.policy_runtime``)
+    and the one ``ckptplan.apply`` runs make the same choice at every op call of a selective
+    region: the plan's ``Policy.choice``."""
+    model_file = load_model_file(ROOT / "sample_models" / "gpt.py")
+    torch.manual_seed(0)
+    model = model_file.build()
+    plan = plan_for(model, REGIONS["gpt"])
+    loaded = written(ckptplan.rewrite(copy.deepcopy(model), plan), tmp_path, "gpt_policy")
+    assert "import ckptplan" not in Path(loaded.__file__).read_text()
+    inputs = model_file.inputs(1)
+
+    def decisions(namespace: Any, candidate: torch.nn.Module) -> list[tuple[str, bool, Any]]:
+        made: list[tuple[str, bool, Any]] = []
+        contexts = namespace.create_selective_checkpoint_contexts
+
+        def recording(decide: Any) -> Any:
+            def recorded(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+                made.append((str(func), ctx.is_recompute, decide(ctx, func, *args, **kwargs)))
+                return made[-1][2]
+
+            return contexts(recorded)
+
+        monkeypatch.setattr(namespace, "create_selective_checkpoint_contexts", recording)
+        step(model_file, candidate, inputs)
+        return made
+
+    rewritten = decisions(loaded, loaded.build_model())
+    applied = decisions(policy_runtime, ckptplan.apply(copy.deepcopy(model), plan))
+    assert rewritten == applied
+    (policy,) = [r.policy for r in plan.regions if r.policy is not None]
+    calls: Counter[tuple[str, bool]] = Counter()
+    expected = []
+    for op, recompute, _ in applied:
+        choice = policy.choice(op, calls[op, recompute])
+        calls[op, recompute] += 1
+        keep = CheckpointPolicy.MUST_SAVE if choice is Choice.SAVE else None
+        expected.append((op, recompute, keep or CheckpointPolicy.PREFER_RECOMPUTE))
+    assert applied == expected
+    assert {c for *_, c in applied} == {
+        CheckpointPolicy.MUST_SAVE,
+        CheckpointPolicy.PREFER_RECOMPUTE,
+    }
 
 
 def test_the_written_file_keeps_tied_weights_tied(tmp_path) -> None:

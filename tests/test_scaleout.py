@@ -33,12 +33,12 @@ def test_the_refusal_names_the_least_world_size_that_fits_and_it_does(whole) -> 
         ckptplan.solve(MODEL, budget=budget, solver="dp", margin=0)
     message = str(refusal.value)
     assert "\n" not in message
-    ranks = int(re.search(r"world_size=(\d+) parallel='fsdp' fits", message).group(1))
+    ranks = int(re.search(r"world_size=(\d+) strategy='fsdp' fits", message).group(1))
     assert ranks == 4
     plan = ckptplan.solve(
-        MODEL, budget=budget, solver="dp", margin=0, world_size=ranks, parallel="fsdp"
+        MODEL, budget=budget, solver="dp", margin=0, world_size=ranks, strategy="fsdp"
     )
-    assert plan.predicted["peak_bytes"] <= budget
+    assert plan.predicted.peak_bytes <= budget
 
 
 def test_a_budget_sharding_cannot_reach_says_so(whole) -> None:

@@ -12,13 +12,14 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import ckptplan
-from ckptplan.api import plan_from_schedule, selective_pays
+from ckptplan.fakerun import fake_run_peak
 from ckptplan.loading import load_model_file
-from ckptplan.measure import fake_run_peak
 from ckptplan.plan import Plan
 from ckptplan.problem import block_forward_ops, op_names, save_items, selective_menus, to_chain
 from ckptplan.profile_types import OpRecord
 from ckptplan.profiler import Settings, profile_model
+from ckptplan.schedule_plan import plan_from_schedule
+from ckptplan.search import selective_pays
 from ckptplan.solvers import run_solver
 from ckptplan.solvers.selective import SaveItem, frontier
 from tests.conftest import ROOT
@@ -141,12 +142,13 @@ def test_selective_plans_keep_gradients_and_fit(tmp_path) -> None:
     budget = int(0.6 * run_solver("none", chain, None).peak)
     schedule = run_solver("auto", chain, budget)
     plan = plan_from_schedule(profile, chain, schedule, "0.6", budget, menus=menus)
-    plan.predicted["fake_run_peak_bytes"] = fake_run_peak(load_model_file(model), plan)
+    peak = fake_run_peak(load_model_file(model), plan)
+    plan = replace(plan, predicted=replace(plan.predicted, fake_run_peak_bytes=peak))
     assert any(r.policy for r in plan.regions)
     result = ckptplan.verify(model, plan, repeats=1)
     assert result.max_grad_abs_diff <= 1e-6
-    assert result.measured_peak_bytes <= plan.budget["bytes"]
-    assert abs(result.measured_peak_bytes - plan.predicted["fake_run_peak_bytes"]) <= (
+    assert result.measured_peak_bytes <= plan.budget.bytes
+    assert abs(result.measured_peak_bytes - plan.predicted.fake_run_peak_bytes) <= (
         0.01 * result.measured_peak_bytes
     )
 
@@ -253,7 +255,7 @@ def test_offloaded_ops_are_not_rerun_and_gradients_match(tiny_gpt) -> None:
 
 def test_a_fake_run_counts_offloaded_outputs_off_the_device(tiny_gpt) -> None:
     """The fake run models a device with a host link: offloaded outputs leave device memory."""
-    from ckptplan.measure import fake_run_peak
+    from ckptplan.fakerun import fake_run_peak
 
     model_file = load_model_file(tiny_gpt)
     plan = ckptplan.solve(tiny_gpt, budget="1.0", solver="none", batch_size=2, fake_run=False)
@@ -270,9 +272,8 @@ def test_a_policy_cannot_both_save_and_offload_an_op(tiny_gpt) -> None:
     plan = ckptplan.solve(tiny_gpt, budget="1.0", solver="none", batch_size=2, fake_run=False)
     op = "aten.addmm.default#0"
     region = {"modules": ["layers.1"], "policy": {"save": [op], "offload": [op]}}
-    bad = Plan.from_json({**plan.to_json(), "regions": [region]})
     with pytest.raises(ckptplan.CkptplanError, match="both saves and offloads"):
-        ckptplan.apply(load_model_file(tiny_gpt).build(), bad)
+        Plan.from_json({**plan.to_json(), "regions": [region]})
 
 
 def test_the_rewriter_refuses_offload_with_a_pointer_to_apply(tiny_gpt) -> None:
@@ -286,8 +287,8 @@ def test_the_rewriter_refuses_offload_with_a_pointer_to_apply(tiny_gpt) -> None:
 def test_a_segment_of_blocks_under_one_policy_is_predicted_and_exact() -> None:
     """Two blocks in one region, each keeping its matmul: the region's policy counts calls
     across both blocks, the fake run confirms the chain's peak, gradients match."""
-    from ckptplan.api import plan_from_schedule
-    from ckptplan.measure import fake_run_peak
+    from ckptplan.fakerun import fake_run_peak
+    from ckptplan.schedule_plan import plan_from_schedule
     from ckptplan.solvers.chain import simulate
 
     model = ROOT / "sample_models" / "mlp.py"
@@ -299,7 +300,7 @@ def test_a_segment_of_blocks_under_one_policy_is_predicted_and_exact() -> None:
     plan = plan_from_schedule(profile, chain, schedule, "test", schedule.peak, menus=menus)
     (region,) = plan.regions
     assert region.modules == (profile.blocks[1].path, profile.blocks[2].path)
-    assert {"aten.addmm.default#0", "aten.addmm.default#1"} <= set(region.policy["save"])
+    assert {"aten.addmm.default#0", "aten.addmm.default#1"} <= set(map(str, region.policy.saves))
     assert schedule.recompute_time < simulate(chain, [(1, 3)]).recompute_time
     assert fake_run_peak(load_model_file(model), plan) == pytest.approx(schedule.peak, rel=1e-3)
     assert ckptplan.verify(model, plan, repeats=1).max_grad_abs_diff <= 1e-6
@@ -309,8 +310,8 @@ def test_kept_outputs_past_the_last_save_stay_through_backward(gpt_profile) -> N
     """Recomputation stops at a block's last saved tensor, so a cached output of an op after
     it (the residual add that makes the block's output) is never taken back: the chain counts
     it through the block's backward, and the fake run agrees."""
-    from ckptplan.api import plan_from_schedule
-    from ckptplan.measure import fake_run_peak
+    from ckptplan.fakerun import fake_run_peak
+    from ckptplan.schedule_plan import plan_from_schedule
     from ckptplan.solvers.chain import simulate
 
     menus = selective_menus(gpt_profile)
@@ -359,7 +360,7 @@ def test_auto_takes_dp_plan_where_its_selective_one_saves_under_the_margin() -> 
 
 def test_two_plans_are_timed_in_interleaved_rounds() -> None:
     """The A/B instrument of ``benchmarks/auto_vs_dp.py``: one time per plan per round."""
-    from ckptplan.measure import interleaved_step_times
+    from ckptplan.pairtiming import interleaved_step_times
 
     tiny = ROOT / "tests" / "models" / "tiny_gpt.py"
     plans = {
@@ -371,3 +372,11 @@ def test_two_plans_are_timed_in_interleaved_rounds() -> None:
     assert all(t > 0 for v in times.values() for t in v)
     with pytest.raises(ckptplan.CkptplanError, match="at least one step"):
         interleaved_step_times(load_model_file(tiny), plans, repeats=0)
+
+
+def test_identical_blocks_share_one_menu() -> None:
+    menus = selective_menus(
+        ckptplan.profile(ROOT / "tests" / "models" / "hf_llama.py", batch_size=2)
+    )
+    assert len(menus) == 4 and all(menus)
+    assert menus[1] is menus[2], "repeated layers are priced once"

@@ -23,8 +23,9 @@ from ckptplan.solvers.chain import (
 )
 from ckptplan.solvers.segments import segment_terms
 from ckptplan.solvers.selective import SaveItem
-from tests.conftest import MODELS
 from tests.test_chain_solvers import random_chain
+
+pytestmark = pytest.mark.torchfree
 
 
 def rich_chain(rng: random.Random, n: int, count: int = 3) -> Chain:
@@ -203,12 +204,3 @@ def test_thinning_the_knapsack_loses_at_most_its_tolerance(
 def test_a_small_frontier_is_not_thinned() -> None:
     items = proportional_items(random.Random(0), 9)
     assert selective.frontier(items, tolerance=0.5) == selective.frontier(items)
-
-
-def test_identical_blocks_share_one_menu() -> None:
-    import ckptplan
-    from ckptplan.problem import selective_menus
-
-    menus = selective_menus(ckptplan.profile(MODELS / "hf_llama.py", batch_size=2))
-    assert len(menus) == 4 and all(menus)
-    assert menus[1] is menus[2], "repeated layers are priced once"

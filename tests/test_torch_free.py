@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.torchfree
+
 TORCH_FREE = (
     "solvers",
     "solvers.chain",
@@ -16,6 +18,11 @@ TORCH_FREE = (
     "solvers.selective",
     "solvers.remat",
     "ckptplan.plan",
+    "ckptplan.plan_fields",
+    "ckptplan.prediction",
+    "ckptplan.policy_types",
+    "ckptplan.phase",
+    "ckptplan.peak_event",
     "ckptplan.profile_types",
     "ckptplan.problem",
     "ckptplan.pipeline_types",

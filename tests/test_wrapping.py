@@ -1,6 +1,8 @@
 """Applying plans: identical gradients, real recomputation, and the refusals."""
 
+import collections
 import copy
+import json
 import logging
 import os
 import subprocess
@@ -14,6 +16,7 @@ import ckptplan
 from ckptplan.errors import CkptplanError
 from ckptplan.loading import load_model_file
 from ckptplan.plan import Plan, Region
+from ckptplan.policy_types import OpCall, Policy
 from tests.conftest import MODELS, ROOT
 from tests.test_rewrite import plan_for
 
@@ -213,11 +216,21 @@ def test_a_region_that_is_never_recomputed_is_a_warning(caplog) -> None:
 
 
 def test_every_member_of_a_region_returns_its_own_output() -> None:
+    """A region of three blocks whose outputs are all used later: each member's output reaches
+    the loss as its own (the gradients), and the members run again in backward, once. The last
+    runs once only: what its backward needs is its input, and torch's checkpoint stops
+    recomputing when it has every tensor the region saved (early stop)."""
     torch.manual_seed(0)
     reference = Collecting([torch.nn.Linear(8, 8) for _ in range(4)])
     model = copy.deepcopy(reference)
     ckptplan.apply(model, plan_for(model, [{"modules": ["blocks.0", "blocks.1", "blocks.2"]}]))
+    runs: collections.Counter[str] = collections.Counter()
+    for name, block in model.named_modules():
+        if isinstance(block, torch.nn.Linear):
+            block.register_forward_hook(lambda *_, name=name: runs.update([name]))
     assert_same_grads(toy_grads(reference), toy_grads(model))
+    assert runs == {"blocks.0": 2, "blocks.1": 2, "blocks.2": 1, "blocks.3": 1}
+    assert model.ckptplan_applied.recomputed == 1
 
 
 def test_batchnorm_statistics_are_updated_once_per_step() -> None:
@@ -254,19 +267,49 @@ def test_a_selective_policy_keeps_the_gradients(tiny_gpt, plan) -> None:
 @pytest.mark.parametrize(
     ("policy", "message"),
     [
-        ({"discard": ["aten.mm.default"]}, "apply supports save, offload"),
-        ({"save": ["aten.no_such_op.default"]}, "which is no torch op"),
+        ({"discard": ["aten.mm.default"]}, "ckptplan supports save, offload"),
         ({"save": ["mm"]}, "namespace.op.overload"),
         ({"save": ["aten.mm.default#x"]}, "write op#k"),
+        ({"save": "aten.mm.default"}, "write a list of op calls"),
+        ({"save": [3]}, "name op calls as strings"),
+        (["aten.mm.default"], "policy of layers.0 is a list"),
     ],
 )
-def test_a_bad_policy_is_a_one_line_error(tiny_gpt, plan, policy, message) -> None:
-    model = load_model_file(tiny_gpt).build()
+def test_a_malformed_policy_is_a_one_line_error_when_the_plan_loads(plan, policy, message) -> None:
+    data = {**plan.to_json(), "regions": [{"modules": ["layers.0"], "policy": policy}]}
+    with pytest.raises(CkptplanError, match=message) as info:
+        Plan.from_json(data)
+    assert "\n" not in str(info.value)
+
+
+def test_policies_load_typed_and_the_plan_file_round_trips_unchanged(plan, tmp_path) -> None:
+    mlp = {"modules": ["layers.3.mlp"], "policy": {"save": ["aten.mm.default#2"]}}
+    regions = [
+        {"modules": ["layers.0"], "policy": {"save": ["aten.addmm.default#1", "aten.bmm.default"]}},
+        {
+            "modules": ["layers.1", "layers.2"],
+            "policy": {"save": [], "offload": ["aten.gelu.default#0"]},
+        },
+        {"modules": ["layers.3"], "children": [mlp]},
+    ]
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({**plan.to_json(), "regions": regions}, indent=2) + "\n")
+    loaded = Plan.load(path)
+    assert loaded.regions[0].policy == Policy(
+        (OpCall("aten.addmm.default", 1), OpCall("aten.bmm.default"))
+    )
+    assert loaded.regions[1].policy == Policy((), (OpCall("aten.gelu.default", 0),))
+    loaded.save(tmp_path / "again.json")
+    assert (tmp_path / "again.json").read_text() == path.read_text()
+
+
+def test_a_policy_naming_no_torch_op_is_a_one_line_error_when_applied(tiny_gpt, plan) -> None:
+    policy = {"save": ["aten.no_such_op.default"]}
     planned = Plan.from_json(
         {**plan.to_json(), "regions": [{"modules": ["layers.0"], "policy": policy}]}
     )
-    with pytest.raises(CkptplanError, match=message) as info:
-        ckptplan.apply(model, planned)
+    with pytest.raises(CkptplanError, match="which is no torch op") as info:
+        ckptplan.apply(load_model_file(tiny_gpt).build(), planned)
     assert "\n" not in str(info.value)
 
 

@@ -55,28 +55,28 @@ def test_a_staged_model_reaches_the_memory_of_checkpointing_every_block() -> Non
     unchecked = ckptplan.solve(
         ZOO / "hf_swin.py", budget="100%", solver="none", scope="activations", fake_run=False
     )
-    assert refused.value.least_bytes < 0.4 * unchecked.predicted["peak_bytes"]
+    assert refused.value.least_bytes < 0.4 * unchecked.predicted.peak_bytes
 
 
 @pytest.mark.parametrize("scope", ["step", "activations"])
 def test_a_decoder_with_its_default_cache_is_planned_and_fits(scope: str) -> None:
     plan = ckptplan.solve(ZOO / "hf_gpt2.py", budget="60%", scope=scope)
-    assert any("use_cache" in note for note in plan.settings["notes"])
+    assert any("use_cache" in note for note in plan.settings.notes)
     check = ckptplan.verify(ZOO / "hf_gpt2.py", plan, repeats=1)
-    assert check.measured_peak_bytes <= plan.budget["bytes"]
+    assert check.measured_peak_bytes <= plan.budget.bytes
     assert check.max_grad_abs_diff <= 1e-6
     assert abs(check.measured_peak_bytes - check.predicted_peak_bytes) <= (
         0.05 * check.measured_peak_bytes
     )
     if scope == "step":  # the fake run takes the real step's path (no mask of its own)
-        assert plan.predicted["fake_run_peak_bytes"] == check.tracked_peak_bytes
+        assert plan.predicted.fake_run_peak_bytes == check.tracked_peak_bytes
 
 
 def test_an_encoder_decoder_plan_fits_its_activation_budget() -> None:
     plan = ckptplan.solve(ZOO / "hf_t5.py", budget="30%", scope="activations", solver="dp")
     assert {r.modules[0].split(".")[0] for r in plan.regions} == {"encoder", "decoder"}
     check = ckptplan.verify(ZOO / "hf_t5.py", plan, repeats=1)
-    assert check.measured_peak_bytes <= plan.budget["bytes"]
+    assert check.measured_peak_bytes <= plan.budget.bytes
     assert check.max_grad_abs_diff <= 1e-6
 
 
@@ -95,7 +95,7 @@ def test_lora_counts_gradients_and_optimizer_state_of_the_adapters_only() -> Non
     assert moments <= profile.optimizer_bytes <= moments + 1024
     plan = ckptplan.solve(ZOO / "peft_lora_llama.py", budget="70%", scope="activations")
     check = ckptplan.verify(ZOO / "peft_lora_llama.py", plan, repeats=1)
-    assert check.measured_peak_bytes <= plan.budget["bytes"]
+    assert check.measured_peak_bytes <= plan.budget.bytes
     assert check.max_grad_abs_diff <= 1e-6
 
 
@@ -108,5 +108,5 @@ def test_the_least_feasible_peak_is_a_budget_that_solve_accepts() -> None:
         ckptplan.solve(model, budget="1", scope="activations", solver="dp")
     least = refused.value.least_bytes
     plan = ckptplan.solve(model, budget=str(least), scope="activations", solver="dp", margin=0)
-    assert plan.predicted["fake_run_peak_bytes"] <= least
+    assert plan.predicted.fake_run_peak_bytes <= least
     assert ckptplan.verify(model, plan, repeats=1).measured_peak_bytes <= least

@@ -1,0 +1,124 @@
+"""Module boundaries of the ckptplan package, read from the source with ``ast`` (no torch):
+no module reaches into another's private names, and none grows past 400 lines.
+
+A private name is a module's own business, free to change without a look at any other file;
+a module that needs one should have it made public where it lives. A module over 400 lines
+does more than one job.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.torchfree
+
+PACKAGE = Path(__file__).resolve().parent.parent / "ckptplan"
+MAX_LINES = 400
+
+
+def _modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def _name(path: Path) -> str:
+    return path.relative_to(PACKAGE).as_posix()
+
+
+def _dotted(path: Path) -> str:
+    parts = ("ckptplan", *path.relative_to(PACKAGE).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_module(dotted: str) -> bool:
+    relative = Path(*dotted.split(".")[1:])
+    return (PACKAGE / relative).with_suffix(".py").is_file() or (PACKAGE / relative).is_dir()
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _absolute(node: ast.ImportFrom, path: Path) -> str:
+    """The module an import reads from, relative imports resolved against ``path``."""
+    if not node.level:
+        return node.module or ""
+    package = _dotted(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    base = package[: len(package) - node.level + 1]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def _dotted_name(node: ast.expr) -> list[str] | None:
+    """``a.b.c`` as ``["a", "b", "c"]``; None for anything but a chain of names."""
+    if isinstance(node, ast.Name):
+        return [node.id]
+    if isinstance(node, ast.Attribute):
+        inner = _dotted_name(node.value)
+        return None if inner is None else [*inner, node.attr]
+    return None
+
+
+def private_uses(source: str, path: Path) -> Iterator[str]:
+    """Each use in ``source`` (the module at ``path``) of another ckptplan module's private
+    name: imported by ``from``, or read as an attribute of an imported ckptplan module."""
+    tree = ast.parse(source)
+    own = _dotted(path)
+    modules: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            source_module = _absolute(node, path)
+            if source_module.split(".")[0] != "ckptplan":
+                continue
+            for alias in node.names:
+                full = f"{source_module}.{alias.name}"
+                if _is_module(full):
+                    modules[alias.asname or alias.name] = full
+                if _private(alias.name) and source_module != own:
+                    yield f"line {node.lineno}: from {source_module} import {alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "ckptplan":
+                    bound = alias.asname or alias.name.split(".")[0]
+                    modules[bound] = alias.name if alias.asname else "ckptplan"
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or not _private(node.attr):
+            continue
+        chain = _dotted_name(node.value)
+        if not chain or chain[0] not in modules:
+            continue
+        module = ".".join([modules[chain[0]], *chain[1:]])
+        if module != own and _is_module(module):
+            yield f"line {node.lineno}: {'.'.join(chain)}.{node.attr}"
+
+
+def test_no_module_uses_another_modules_private_names() -> None:
+    found = {_name(path): list(private_uses(path.read_text(), path)) for path in _modules()}
+    assert {name: uses for name, uses in found.items() if uses} == {}
+
+
+def test_no_module_is_over_the_line_limit() -> None:
+    lines = {_name(path): len(path.read_text().splitlines()) for path in _modules()}
+    assert {name: n for name, n in lines.items() if n > MAX_LINES} == {}
+
+
+@pytest.mark.parametrize(
+    ("source", "found"),
+    [
+        ("from ckptplan.plan import _b\n", ["line 1: from ckptplan.plan import _b"]),
+        ("from .plan import _b\n", ["line 1: from ckptplan.plan import _b"]),
+        ("from ckptplan import plan\nplan._b(1)\n", ["line 2: plan._b"]),
+        ("import ckptplan.plan as p\np._b\n", ["line 2: p._b"]),
+        ("import ckptplan.plan\nckptplan.plan._b\n", ["line 2: ckptplan.plan._b"]),
+        ("from ckptplan.plan import Plan\n", []),
+        ("from ckptplan import __version__\nimport torch\ntorch._C\n", []),
+        ("from ckptplan.plan import Plan\nPlan._private\n", []),
+        ("def _own():\n    pass\n_own()\n", []),
+    ],
+)
+def test_private_uses_are_found(source: str, found: list[str]) -> None:
+    assert list(private_uses(source, PACKAGE / "example.py")) == found
