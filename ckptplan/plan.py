@@ -195,8 +195,14 @@ class Plan:
                 baselines=data.get("baselines", {}),
                 stages=tuple(StagePlan.from_json(s) for s in data.get("stages", ())),
             )
-        except (KeyError, TypeError) as exc:
-            raise CkptplanError(f"{source} is a damaged plan: missing field {exc}") from None
+        except KeyError as exc:
+            raise CkptplanError(
+                f"{source} is a damaged plan: missing field {exc}; solve again to make a new one"
+            ) from None
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise CkptplanError(
+                f"{source} is a damaged plan ({exc}); solve again to make a new one"
+            ) from None
 
     @staticmethod
     def load(path: str | Path) -> Plan:

@@ -3,6 +3,7 @@ and no traceback; help is ``-h`` or ``--help`` or the bare command, and exits 0.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,30 @@ def test_an_output_into_a_missing_folder_is_refused_before_solving(run, tiny_gpt
 )
 def test_a_bad_verify_flag(run, tiny_gpt, plan_file, args: list[str], fragment: str) -> None:
     assert_one_line_error(run("verify", tiny_gpt, plan_file, *args), fragment)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "fragment"),
+    [
+        ("budget", "lots", "PlanBudget is a str"),
+        ("predicted", [1, 2], "Prediction is a list"),
+        ("settings", {"world_size": "two"}, "world_size is 'two', not int"),
+        ("regions", [{"modules": 5}], "damaged plan"),
+        ("model", None, "missing field 'model'"),
+    ],
+)
+def test_a_damaged_plan_file(run, tiny_gpt, plan_file, tmp_path, field, value, fragment) -> None:
+    data = json.loads(plan_file.read_text())
+    if value is None:
+        del data[field]
+    elif isinstance(value, dict):
+        data[field] = {**data[field], **value}
+    else:
+        data[field] = value
+    damaged = tmp_path / "damaged.json"
+    damaged.write_text(json.dumps(data))
+    for command in (("show", damaged), ("verify", tiny_gpt, damaged)):
+        assert_one_line_error(run(*command), fragment)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
