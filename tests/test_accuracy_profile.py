@@ -22,6 +22,8 @@ from ckptplan.solvers.chain import simulate
 from ckptplan.steptiming import median_times
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
+
 UNET = ROOT / "sample_models" / "unet.py"
 RESNET = ROOT / "sample_models" / "resnet.py"
 

@@ -13,6 +13,8 @@ import ckptplan.training
 from ckptplan.errors import CkptplanError
 from tests.conftest import MODELS
 
+pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
+
 TINY = MODELS / "tiny_gpt.py"
 
 

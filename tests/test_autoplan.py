@@ -19,6 +19,8 @@ from ckptplan.errors import CkptplanError
 from ckptplan.loading import load_model_file
 from tests.conftest import MODELS, ROOT
 
+pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
+
 TINY_GPT = load_model_file(MODELS / "tiny_gpt.py")
 
 

@@ -12,6 +12,8 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 import ckptplan
 from tests.conftest import MODELS, ROOT
 
+pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
+
 MODEL = MODELS / "tiny_gpt.py"
 
 

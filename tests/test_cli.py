@@ -11,6 +11,8 @@ from click.testing import CliRunner
 from ckptplan.cli import cli
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
+
 
 @pytest.fixture
 def run():

@@ -25,6 +25,8 @@ from ckptplan.training import make_optimizer
 from tests.conftest import MODELS, ROOT
 from tests.test_rewrite import original_name, plan_for
 
+pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
+
 REGIONS = [
     {"modules": ["layers.0", "layers.1"], "children": [{"modules": ["layers.0"]}]},
     {

@@ -24,6 +24,8 @@ from ckptplan.memtrack import storage_bytes
 from ckptplan.plan import Plan
 from ckptplan.training import make_optimizer, persistent_tensors
 
+pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
+
 WIDTH = 64
 BATCH = 2048
 

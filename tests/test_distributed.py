@@ -33,6 +33,8 @@ from ckptplan.solvers import run_solver
 from ckptplan.training import make_optimizer
 from tests.conftest import MODELS, ROOT
 
+pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
+
 WORLD = 2
 STEPS = 3
 BATCH = 2

@@ -9,6 +9,8 @@ from ckptplan.problem import to_chain
 from ckptplan.solvers import run_solver
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
+
 SAMPLES = ROOT / "sample_models"
 
 

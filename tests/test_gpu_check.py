@@ -6,7 +6,11 @@ import importlib.util
 import json
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
 
 
 def test_the_gpu_check_self_test_plans_measures_and_writes_its_results(monkeypatch) -> None:

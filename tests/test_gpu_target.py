@@ -15,6 +15,8 @@ from ckptplan.policy_types import OpCall, Policy
 from ckptplan.training import cast_model
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
+
 GPT = ROOT / "sample_models" / "gpt.py"
 
 

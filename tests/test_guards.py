@@ -14,6 +14,8 @@ from ckptplan.guards import BatchWarning
 from ckptplan.loading import call_model, load_model_file
 from tests.conftest import MODELS
 
+pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
+
 
 def _planned(name: str, batch: int) -> tuple[object, torch.nn.Module]:
     workload = load_model_file(MODELS / f"{name}.py")

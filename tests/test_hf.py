@@ -22,6 +22,8 @@ from ckptplan.loading import load_model_file
 from ckptplan.plan import Plan
 from tests.conftest import MODELS
 
+pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
+
 # model file stem -> the class of its layers; their paths move between transformers versions
 # (ViT's are ``vit.encoder.layer.*`` in 4.x and ``vit.layers.*`` in 5.x)
 LAYER_CLASSES = {

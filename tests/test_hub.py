@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
+
 transformers = pytest.importorskip("transformers")
 
 from click.testing import CliRunner  # noqa: E402

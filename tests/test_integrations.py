@@ -22,6 +22,8 @@ from ckptplan.guards import BatchWarning
 from ckptplan.loading import load_model_file
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
+
 BUDGET = "70%"
 
 

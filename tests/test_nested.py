@@ -23,6 +23,8 @@ from ckptplan.training import training_conventions
 from tests.conftest import ROOT
 from tests.test_chain_solvers import all_segmentations_fast, random_chain
 
+pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
+
 
 def _staged(seed: int, n: int) -> Chain:
     """A random chain with one enclosure of two or more blocks, with or without own code."""

@@ -15,6 +15,8 @@ from ckptplan.loading import load_model_file
 from ckptplan.opsequence import first_divergence, step_ops
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
+
 SAMPLES = ["mlp", "gpt", "resnet", "unet", "vit"]
 ZOO_FAST = ["hf_gpt2", "hf_t5", "hf_clip", "hf_swin", "peft_lora_llama"]
 

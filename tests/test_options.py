@@ -16,6 +16,8 @@ from ckptplan.options import Parallel, ProfileOptions, SolveOptions, Target
 from ckptplan.solvers import SolverOptions
 from tests.conftest import MODELS
 
+pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
+
 TINY = MODELS / "tiny_gpt.py"
 
 

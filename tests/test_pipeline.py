@@ -28,6 +28,8 @@ from ckptplan.training import make_optimizer
 from tests.conftest import MODELS, ROOT
 from tests.test_distributed import common
 
+pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
+
 MODEL = MODELS / "pipe_gpt.py"
 BATCH, MICROBATCHES, STEPS = 8, 4, 3
 

@@ -13,6 +13,8 @@ from ckptplan.steptiming import checkpointed
 from ckptplan.units import find_units
 from tests.conftest import MODELS, ROOT
 
+pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
+
 
 def test_finds_the_layers_and_measures_them(tiny_gpt) -> None:
     profile = profile_model(load_model_file(tiny_gpt), Settings(batch_size=4))

@@ -356,9 +356,9 @@ def random_layered(n: int, seed: int, *, training: bool) -> RematProblem:
     [
         (60, 1, False, 0.9, 10),
         (100, 3, False, 0.8, 10),
-        (200, 1, False, 0.9, 5),
+        pytest.param(200, 1, False, 0.9, 5, marks=pytest.mark.slow),
         (100, 2, True, 0.8, 5),
-        (300, 1, True, 0.8, 5),
+        pytest.param(300, 1, True, 0.8, 5, marks=pytest.mark.slow),
         pytest.param(1000, 1, True, 0.9, 20, marks=pytest.mark.slow),
         pytest.param(1000, 2, True, 0.7, 20, marks=pytest.mark.slow),
     ],

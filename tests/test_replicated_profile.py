@@ -17,6 +17,8 @@ from ckptplan.schedule_plan import plan_from_schedule
 from solvers import run_solver
 from tests.conftest import MODELS
 
+pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
+
 LLAMA = MODELS / "hf_llama12.py"
 REPLICATED = "repeated blocks priced once"
 

@@ -12,6 +12,8 @@ from ckptplan.errors import BelowLeastPeak
 from ckptplan.scaleout import least_rank_peak, ranks_that_fit
 from tests.conftest import MODELS
 
+pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
+
 MODEL = MODELS / "tiny_gpt.py"
 
 

@@ -24,6 +24,8 @@ from ckptplan.solvers import run_solver
 from ckptplan.solvers.selective import SaveItem, frontier
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
+
 items_strategy = st.lists(
     st.tuples(st.integers(1, 50), st.floats(0.01, 5.0)), min_size=1, max_size=9
 )

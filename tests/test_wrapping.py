@@ -389,7 +389,7 @@ def test_an_applied_model_pickles(tmp_path) -> None:
     ("script", "arguments"),
     [
         ("train_plain.py", ("--model", str(MODELS / "tiny_gpt.py"), "--batch-size", "2")),
-        ("train_hf.py", ("--batch-size", "2")),
+        pytest.param("train_hf.py", ("--batch-size", "2"), marks=pytest.mark.slow),
     ],
 )
 def test_the_single_process_examples_train_and_report(script, arguments) -> None:

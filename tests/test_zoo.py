@@ -14,6 +14,8 @@ import ckptplan
 from ckptplan.errors import BelowLeastPeak
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
+
 pytest.importorskip("transformers")
 ZOO = ROOT / "sample_models" / "zoo"
 
