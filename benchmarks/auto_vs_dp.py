@@ -23,8 +23,8 @@ import torch
 
 import ckptplan
 from ckptplan.loading import load_model_file
-from ckptplan.memtrack import keep_freed_host_memory
-from ckptplan.pairtiming import interleaved_step_times
+from ckptplan.profiling.memtrack import keep_freed_host_memory
+from ckptplan.verifying.pairtiming import interleaved_step_times
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "auto_vs_dp.json"

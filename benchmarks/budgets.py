@@ -22,8 +22,8 @@ from rich.table import Table
 
 import ckptplan
 from ckptplan.budget import format_bytes
-from ckptplan.memtrack import keep_freed_host_memory
-from ckptplan.problem import to_chain
+from ckptplan.planning.problem import to_chain
+from ckptplan.profiling.memtrack import keep_freed_host_memory
 from ckptplan.solvers import run_solver
 
 ROOT = Path(__file__).resolve().parent.parent

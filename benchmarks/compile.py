@@ -43,13 +43,13 @@ from torch._functorch import config as functorch_config
 from torch._inductor import config as inductor_config
 
 import ckptplan
-from ckptplan.allocmeter import allocator_peak
-from ckptplan.compiled import CompiledModel, Partition, inductor_backend
 from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError
 from ckptplan.loading import Workload, call_model, load_model_file
-from ckptplan.memtrack import keep_freed_host_memory, storage_bytes
-from ckptplan.training import make_optimizer, persistent_tensors, training_conventions
+from ckptplan.planning.compiled import CompiledModel, Partition, inductor_backend
+from ckptplan.profiling.memtrack import keep_freed_host_memory, storage_bytes
+from ckptplan.profiling.training import make_optimizer, persistent_tensors, training_conventions
+from ckptplan.verifying.allocmeter import allocator_peak
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "compile.json"

@@ -28,8 +28,8 @@ import torch
 import ckptplan
 from ckptplan.errors import BelowLeastPeak
 from ckptplan.loading import load_model_file
-from ckptplan.memtrack import keep_freed_host_memory
-from ckptplan.peers import measure_change, measure_compile_budget
+from ckptplan.profiling.memtrack import keep_freed_host_memory
+from ckptplan.verifying.peers import measure_change, measure_compile_budget
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = {

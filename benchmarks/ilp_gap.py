@@ -2,7 +2,7 @@
 
 For each model, at budgets between the ``full`` and ``none`` peaks of the chain, ``auto``
 (``dp`` over the blocks with per-block selective menus) picks a plan; the plan is written as a
-schedule of the step's op graph (``ckptplan.opgraph``: every forward and backward op, the
+schedule of the step's op graph (``ckptplan.planning.opgraph``: every forward and backward op, the
 optimizer step left out) the way non-reentrant checkpoint runs it, and the exact solver
 (``ckptplan.solvers.remat.solve``) gets that schedule's peak as its budget. Both schedules are
 checked and costed by the independent checker; costs are nanoseconds of the roofline estimate.
@@ -34,9 +34,9 @@ from rich.console import Console
 from rich.table import Table
 
 from ckptplan.loading import LiveModel, Workload, load_model_file
-from ckptplan.opgraph import GapReport, optimality_gap, to_remat_problem
-from ckptplan.problem import MENU_POINTS, selective_menus, to_chain
-from ckptplan.profiler import Settings, profile_model
+from ckptplan.planning.opgraph import GapReport, optimality_gap, to_remat_problem
+from ckptplan.planning.problem import MENU_POINTS, selective_menus, to_chain
+from ckptplan.profiling.profiler import Settings, profile_model
 from ckptplan.solvers import run_solver
 from ckptplan.solvers.chain import InfeasibleBudget
 

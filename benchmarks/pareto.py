@@ -23,11 +23,11 @@ import torch
 from rich.console import Console
 
 import ckptplan
+from ckptplan.cli.report import show_sweep
 from ckptplan.loading import load_model_file
-from ckptplan.memtrack import keep_freed_host_memory
-from ckptplan.profiler import Settings
-from ckptplan.report import show_sweep
-from ckptplan.sweep import SweepOptions, SweepPoint, save_plot, sweep
+from ckptplan.planning.sweep import SweepOptions, SweepPoint, save_plot, sweep
+from ckptplan.profiling.memtrack import keep_freed_host_memory
+from ckptplan.profiling.profiler import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"

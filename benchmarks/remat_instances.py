@@ -38,7 +38,7 @@ DEFAULT_INSTANCES = Path(
 """The Checkmate instances: ``$CKPTPLAN_REMAT_INSTANCES``, else ``shared/remat-instances``
 beside the repository."""
 DEFAULT_OUT = Path(__file__).parent / "results" / "remat.json"
-COMMAND = "from ckptplan.remat_command import remat; remat()"
+COMMAND = "from ckptplan.cli.remat import remat; remat()"
 
 
 @dataclass(frozen=True)

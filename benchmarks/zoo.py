@@ -40,11 +40,11 @@ import ckptplan
 from ckptplan.devices import get_device
 from ckptplan.errors import BelowLeastPeak, CkptplanError
 from ckptplan.loading import call_model, load_model_file
-from ckptplan.memtrack import keep_freed_host_memory
-from ckptplan.opsequence import first_divergence, step_ops
-from ckptplan.peers import measure_change
 from ckptplan.plan import Plan
-from ckptplan.training import cast_model, training_conventions
+from ckptplan.profiling.memtrack import keep_freed_host_memory
+from ckptplan.profiling.opsequence import first_divergence, step_ops
+from ckptplan.profiling.training import cast_model, training_conventions
+from ckptplan.verifying.peers import measure_change
 
 ROOT = Path(__file__).resolve().parent.parent
 ZOO = ROOT / "sample_models" / "zoo"

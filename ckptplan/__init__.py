@@ -14,7 +14,6 @@ __version__ = "0.1.0"
 _API = {
     "solve": "ckptplan.api",
     "apply": "ckptplan.autoplan",
-    "rewrite": "ckptplan.rewrite",
     "verify": "ckptplan.api",
     "profile": "ckptplan.api",
     "Plan": "ckptplan.plan",
@@ -24,14 +23,19 @@ _API = {
     "SolveOptions": "ckptplan.options",
     "Parallel": "ckptplan.options",
     "SolverOptions": "ckptplan.solvers",
-    "solve_pipeline": "ckptplan.pipeline",
+    "solve_pipeline": "ckptplan.planning.pipeline",
     "CkptplanError": "ckptplan.errors",
 }
 
-__all__ = ["__version__", *_API]
+# Modules exposed whole: ``ckptplan.rewrite`` is callable and carries ``save`` and ``rewrite_file``.
+_MODULES = {"rewrite": "ckptplan.rewriting.graph"}
+
+__all__ = ["__version__", *_API, *_MODULES]
 
 
 def __getattr__(name: str) -> Any:
     if name in _API:
         return getattr(importlib.import_module(_API[name]), name)
+    if name in _MODULES:
+        return importlib.import_module(_MODULES[name])
     raise AttributeError(f"module 'ckptplan' has no attribute {name!r}")

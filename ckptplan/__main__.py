@@ -1,3 +1,3 @@
-from ckptplan.cli import main
+from ckptplan.cli.main import main
 
 main()

@@ -27,12 +27,9 @@ import torch
 
 from ckptplan.budget import admitting_budget, format_budget_at_least, format_bytes, parse_budget
 from ckptplan.callerstate import keeps_random_state
-from ckptplan.distributed import per_rank
 from ckptplan.errors import BelowLeastPeak, CkptplanError, option
-from ckptplan.fakerun import fake_run_peak
 from ckptplan.hub import HubModel, is_hub_name
 from ckptplan.loading import Inputs, LiveModel, Workload, load_model_file
-from ckptplan.opgraph import GapReport, optimality_gap
 from ckptplan.options import (
     Parallel,
     ProfileOptions,
@@ -43,18 +40,21 @@ from ckptplan.options import (
     renamed_keywords,
 )
 from ckptplan.plan import Plan, as_plan
-from ckptplan.problem import selective_menus, to_chain
+from ckptplan.planning.distributed import per_rank
+from ckptplan.planning.opgraph import GapReport, optimality_gap
+from ckptplan.planning.problem import selective_menus, to_chain
+from ckptplan.planning.scaleout import sharding_advice
+from ckptplan.planning.schedule_plan import plan_from_schedule
+from ckptplan.planning.search import Search, below_least_peak, held_back_percent, search_plan
+from ckptplan.planning.simulate import predict
 from ckptplan.profile_types import Profile, Settings
-from ckptplan.profiler import profile_model
+from ckptplan.profiling.profiler import profile_model
+from ckptplan.profiling.training import dtype_name, optimizer_name
 from ckptplan.progress import QUIET, Progress
-from ckptplan.scaleout import sharding_advice
-from ckptplan.schedule_plan import plan_from_schedule
-from ckptplan.search import Search, below_least_peak, held_back_percent, search_plan
-from ckptplan.simulate import predict
 from ckptplan.solvers import BASELINES, SOLVERS, run_solver
 from ckptplan.solvers.chain import InfeasibleBudget
-from ckptplan.training import dtype_name, optimizer_name
-from ckptplan.verification import Verification, verify_plan
+from ckptplan.verifying.fakerun import fake_run_peak
+from ckptplan.verifying.verification import Verification, verify_plan
 
 ModelArg = torch.nn.Module | str | Path | HubModel
 """A model object (with its example inputs), a model file, ``hf:NAME_OR_DIR``, or a
@@ -272,7 +272,7 @@ def optimality_gap_of_auto(
     **keywords: Any,
 ) -> GapReport:
     """Auto's plan for an activations ``budget`` against the exact op-graph optimum (the
-    ``ilp`` solver) at the same peak: see ``ckptplan.opgraph``."""
+    ``ilp`` solver) at the same peak: see ``ckptplan.planning.opgraph``."""
     step = fold_keywords(profile_options or ProfileOptions(), keywords)
     refuse_unknown_keywords("optimality_gap_of_auto", keywords)
     prof = profile(model, example_inputs, profile_options=step, loss_fn=loss_fn)

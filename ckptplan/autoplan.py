@@ -30,15 +30,15 @@ from typing import Any
 import torch
 
 from ckptplan import __version__, api
+from ckptplan.applying.install import apply as apply_plan
+from ckptplan.applying.install import refuse_unapplicable
 from ckptplan.budget import parse_budget
 from ckptplan.errors import CkptplanError
 from ckptplan.fingerprint import inputs_signature, model_fingerprint
 from ckptplan.loading import Inputs, as_inputs
 from ckptplan.options import Parallel, ProfileOptions, SolveOptions, fold_keywords, keyword_names
 from ckptplan.plan import Plan
-from ckptplan.training import dtype_name
-from ckptplan.wrapping import apply as apply_plan
-from ckptplan.wrapping import refuse_unapplicable
+from ckptplan.profiling.training import dtype_name
 
 log = logging.getLogger("ckptplan")
 
@@ -78,7 +78,7 @@ def apply(
     ``ckptplan.solve`` finds for them, read from ``cache_dir`` when solved before.
 
     ``options`` are ``ckptplan.solve``'s (``dtype``, ``optimizer``, ``solver``,
-    ``world_size``, ...). See ``ckptplan.wrapping.apply`` for what applying checks and does;
+    ``world_size``, ...). See ``ckptplan.applying.install.apply`` for what applying checks and does;
     ``stage`` applies one pipeline stage's section of the plan to that stage's module.
     """
     planning = {"budget": budget, "example_inputs": example_inputs, "loss_fn": loss_fn}

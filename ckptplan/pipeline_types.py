@@ -1,8 +1,8 @@
 """Pipeline-parallel options, torch-free: the schedule, the stage split, microbatches in flight.
 
 ``Pipeline`` is what ``ckptplan solve --pipeline-stages P --microbatches M --schedule S`` and
-``ckptplan.solve_pipeline(..., pipeline=Pipeline(...))`` take; ``ckptplan.pipeline`` turns it
-into one budget and one plan per stage. The figures here are plain integers, so the CLI can
+``ckptplan.solve_pipeline(..., pipeline=Pipeline(...))`` take; ``ckptplan.planning.pipeline`` turns
+it into one budget and one plan per stage. The figures here are plain integers, so the CLI can
 check its flags before importing torch, and the tests can check the counts in doctests.
 """
 

@@ -52,8 +52,9 @@ class Region:
 
 @dataclass(frozen=True)
 class StagePlan:
-    """One pipeline stage's section of a plan (``ckptplan.pipeline``): its blocks and regions,
-    its budget and predicted peak with ``in_flight`` microbatches' activations kept at once."""
+    """One pipeline stage's section of a plan (``ckptplan.planning.pipeline``): its blocks and
+    regions, its budget and predicted peak with ``in_flight`` microbatches' activations kept at
+    once."""
 
     index: int
     rank: int
@@ -155,7 +156,7 @@ class Plan:
     predicted: Prediction
     baselines: dict[str, Any] = field(default_factory=dict)
     stages: tuple[StagePlan, ...] = ()
-    """Pipeline stages, one section each (``ckptplan.pipeline``); none for one device."""
+    """Pipeline stages, one section each (``ckptplan.planning.pipeline``); none for one device."""
     schema: str = SCHEMA
 
     def to_json(self) -> dict[str, Any]:

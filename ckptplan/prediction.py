@@ -1,8 +1,8 @@
 """What a plan predicts, as the plan file records it: frozen values, built once.
 
-A plan's figures are made by the chain model (``ckptplan.simulate.predict``), then confirmed by
-a fake run; each later figure is a new value (``dataclasses.replace``), never an edit of the
-plan's. Plain data, importable without torch, spelled in JSON exactly as plans always were:
+A plan's figures are made by the chain model (``ckptplan.planning.simulate.predict``), then
+confirmed by a fake run; each later figure is a new value (``dataclasses.replace``), never an edit
+of the plan's. Plain data, importable without torch, spelled in JSON exactly as plans always were:
 keys in the same order, the derived ``overhead`` written beside the times, and keys this
 version does not know kept and written back after the known ones.
 """
@@ -68,7 +68,7 @@ class Prediction:
 
 @dataclass(frozen=True)
 class StagePrediction:
-    """One pipeline stage's peak in parts (``ckptplan.pipeline``)."""
+    """One pipeline stage's peak in parts (``ckptplan.planning.pipeline``)."""
 
     fixed_bytes: int
     """Its parameters, gradients, optimizer state and batch."""

@@ -2,8 +2,8 @@
 its op records and the modules enclosing its blocks. Plain data, importable without torch, so
 that the stages reading a profile (the problem, reports, plans) need not import its producer.
 
-``ckptplan.profiler`` makes them from a traced step; ``ckptplan.expand`` extrapolates them over
-repeated blocks; the solvers, reports and plans read them.
+``ckptplan.profiling.profiler`` makes them from a traced step; ``ckptplan.profiling.expand``
+extrapolates them over repeated blocks; the solvers, reports and plans read them.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class Settings:
     """Time every op on the local device (a real step) instead of the roofline estimate."""
     compiled: bool = False
     """The step runs under ``torch.compile``: priced fused, its peak taken from the partition
-    AOTAutograd makes (``ckptplan.compiled``)."""
+    AOTAutograd makes (``ckptplan.planning.compiled``)."""
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ckptplan.distributed import RankMemory
 from ckptplan.errors import CkptplanError
 from ckptplan.loading import Inputs, Workload, call_model, load_model_file
 from ckptplan.plan import Plan
+from ckptplan.planning.distributed import RankMemory
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = ROOT / "sample_models" / "gpt.py"

@@ -26,7 +26,7 @@ from common import (
 from torch.nn.parallel import DistributedDataParallel
 
 import ckptplan
-from ckptplan.training import make_optimizer
+from ckptplan.profiling.training import make_optimizer
 
 
 def main() -> None:

@@ -35,9 +35,9 @@ from common import (
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 import ckptplan
+from ckptplan.applying.pipeline_stage import stage_plan
 from ckptplan.errors import CkptplanError
-from ckptplan.pipeline_stage import stage_plan
-from ckptplan.training import make_optimizer
+from ckptplan.profiling.training import make_optimizer
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ckptplan
-import ckptplan.training
+import ckptplan.profiling.training
 from ckptplan.errors import CkptplanError
 from tests.conftest import MODELS
 
@@ -19,7 +19,7 @@ TINY = MODELS / "tiny_gpt.py"
 
 
 def test_docstring_examples() -> None:
-    assert doctest.testmod(ckptplan.training).failed == 0
+    assert doctest.testmod(ckptplan.profiling.training).failed == 0
 
 
 def test_a_torch_dtype_is_its_name() -> None:

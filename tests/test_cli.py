@@ -8,7 +8,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from ckptplan.cli import cli
+from ckptplan.cli.main import cli
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
@@ -277,7 +277,7 @@ def test_mixed_precision_keeps_fp32_state_and_bf16_activations(run, tiny_gpt) ->
 
 def test_progress_names_each_phase_and_stays_off_pipes(tiny_gpt, monkeypatch) -> None:
     import ckptplan
-    from ckptplan.cli_output import Spinner, progress_display
+    from ckptplan.cli.output import Spinner, progress_display
     from ckptplan.progress import QUIET
 
     class Recorder:
@@ -306,7 +306,7 @@ def test_progress_names_each_phase_and_stays_off_pipes(tiny_gpt, monkeypatch) ->
 def test_regions_are_listed_compactly() -> None:
     from ckptplan.plan import Region
     from ckptplan.policy_types import OpCall, Policy
-    from ckptplan.units import describe_regions
+    from ckptplan.profiling.units import describe_regions
 
     ops = ["aten.addmm.default#0", "aten.addmm.default#1", "aten.mm.default#0", "aten.bmm.out#0"]
     keeps = Policy(tuple(map(OpCall.parse, ops)))

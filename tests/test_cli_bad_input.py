@@ -10,7 +10,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from ckptplan.cli import cli
+from ckptplan.cli.main import cli
 from tests.test_cli import assert_one_line_error
 
 

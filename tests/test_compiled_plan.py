@@ -1,6 +1,6 @@
 """Plans for ``torch.compile``d training (``solve(..., compiled=True)``), held to inductor itself.
 
-The plan's fake run partitions the step as inductor does (``ckptplan.compiled``); here real
+The plan's fake run partitions the step as inductor does (``ckptplan.planning.compiled``); here real
 inductor compiles the planned model, and its partition, its allocator-measured peak and its
 gradients (dropout on) are checked against the plan, the budget and eager training.
 ``fallback_random`` makes inductor draw eager's random numbers, so gradients compare seed for
@@ -18,11 +18,11 @@ from torch import nn
 from torch._inductor import config as inductor_config
 
 import ckptplan
-from ckptplan.allocmeter import allocator_peak
-from ckptplan.compiled import CompiledModel, Partition, inductor_backend
-from ckptplan.memtrack import storage_bytes
 from ckptplan.plan import Plan
-from ckptplan.training import make_optimizer, persistent_tensors
+from ckptplan.planning.compiled import CompiledModel, Partition, inductor_backend
+from ckptplan.profiling.memtrack import storage_bytes
+from ckptplan.profiling.training import make_optimizer, persistent_tensors
+from ckptplan.verifying.allocmeter import allocator_peak
 
 pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
 
@@ -183,7 +183,7 @@ def test_planning_keeps_the_callers_compiled_model_compiled(
 def test_the_cli_solves_for_torch_compile(tmp_path) -> None:
     from click.testing import CliRunner
 
-    from ckptplan.cli import cli
+    from ckptplan.cli.main import cli
 
     out = tmp_path / "plan.json"
     spec = "tests.test_compiled_plan:build_model"

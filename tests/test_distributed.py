@@ -24,13 +24,13 @@ import torch
 import ckptplan
 import ckptplan.api
 from ckptplan.budget import parse_budget
-from ckptplan.distributed import per_rank
 from ckptplan.errors import CkptplanError
 from ckptplan.plan import Plan
-from ckptplan.problem import selective_menus, to_chain
-from ckptplan.schedule_plan import plan_from_schedule
+from ckptplan.planning.distributed import per_rank
+from ckptplan.planning.problem import selective_menus, to_chain
+from ckptplan.planning.schedule_plan import plan_from_schedule
+from ckptplan.profiling.training import make_optimizer
 from ckptplan.solvers import run_solver
-from ckptplan.training import make_optimizer
 from tests.conftest import MODELS, ROOT
 
 pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
@@ -41,7 +41,7 @@ BATCH = 2
 
 
 @pytest.fixture(scope="module")
-def profile() -> ckptplan.profiler.Profile:
+def profile() -> ckptplan.profiling.profiler.Profile:
     return ckptplan.profile(MODELS / "tiny_gpt.py", batch_size=BATCH)
 
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 import ckptplan
-from ckptplan.problem import to_chain
+from ckptplan.planning.problem import to_chain
 from ckptplan.solvers import run_solver
 from tests.conftest import ROOT
 

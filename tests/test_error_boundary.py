@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 import ckptplan.api
-from ckptplan.cli import cli
+from ckptplan.cli.main import cli
 from ckptplan.errors import DEBUG_ENV, CkptplanError, debug_enabled
 from tests.conftest import ROOT
 
@@ -75,7 +75,7 @@ def test_internal_error_is_one_line_and_exit_3(solve_with, fake, kind, message):
     line = lines[0]
     assert line.startswith(f"internal error: {kind}: {message}")
     assert "second line" not in line
-    assert "(in ckptplan/cli.py, line " in line  # the deepest ckptplan frame: solve's call
+    assert "(in ckptplan/cli/main.py, line " in line  # the deepest ckptplan frame: solve's call
     assert line.endswith("rerun with --debug for the traceback")
     assert result.stdout == ""
 
@@ -85,7 +85,7 @@ def test_internal_error_in_torch_names_torch(solve_with):
     assert result.exit_code == 3, result.output
     (line,) = _lines(result.stderr)
     assert line.startswith("internal error: RuntimeError: ")
-    assert "(in torch, called from ckptplan/cli.py, line " in line
+    assert "(in torch, called from ckptplan/cli/main.py, line " in line
 
 
 def test_debug_flag_prints_the_traceback(solve_with):
@@ -142,7 +142,7 @@ def test_debug_enabled_reads_the_environment(monkeypatch, value, expected):
 def test_end_to_end_internal_error_in_a_real_process(tmp_path):
     """A real ``python -m ckptplan``: a malformed plan that trips a bug-like failure."""
     code = (
-        "import sys, ckptplan.cli as c\n"
+        "import sys, ckptplan.cli.main as c\n"
         "from ckptplan.plan import Plan\n"
         "def load(path): return {}['missing']\n"
         "Plan.load = staticmethod(load)\n"
@@ -160,7 +160,7 @@ def test_end_to_end_internal_error_in_a_real_process(tmp_path):
     assert done.returncode == 3, done.stderr
     (line,) = _lines(done.stderr)
     assert re.fullmatch(
-        r"internal error: KeyError: 'missing' \(in ckptplan/cli\.py, line \d+\); "
+        r"internal error: KeyError: 'missing' \(in ckptplan/cli/main\.py, line \d+\); "
         r"rerun with --debug for the traceback",
         line,
     ), done.stderr

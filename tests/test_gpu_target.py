@@ -8,11 +8,11 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import ckptplan
 from ckptplan.errors import CkptplanError
-from ckptplan.gpukernels import FLASH
 from ckptplan.loading import load_model_file
 from ckptplan.plan import Plan, Region
 from ckptplan.policy_types import OpCall, Policy
-from ckptplan.training import cast_model
+from ckptplan.profiling.gpukernels import FLASH
+from ckptplan.profiling.training import cast_model
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow  # the default tier keeps one case of each behavio
 GPT = ROOT / "sample_models" / "gpt.py"
 
 
-def _attention_ops(profile: ckptplan.profiler.Profile) -> list:
+def _attention_ops(profile: ckptplan.profiling.profiler.Profile) -> list:
     return [o for o in profile.ops if "attention" in o.op and not o.backward]
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import ckptplan
+from ckptplan.applying.guards import BatchWarning
 from ckptplan.errors import CkptplanError
-from ckptplan.guards import BatchWarning
 from ckptplan.loading import call_model, load_model_file
 from tests.conftest import MODELS
 

@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 from click.testing import CliRunner  # noqa: E402
 
 import ckptplan  # noqa: E402
-from ckptplan.cli import cli  # noqa: E402
+from ckptplan.cli.main import cli  # noqa: E402
 from ckptplan.errors import CkptplanError  # noqa: E402
 from ckptplan.hub import HubModel  # noqa: E402
 from tests.test_cli import assert_one_line_error  # noqa: E402

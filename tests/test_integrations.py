@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import ckptplan
+from ckptplan.applying.guards import BatchWarning
 from ckptplan.errors import CkptplanError
-from ckptplan.guards import BatchWarning
 from ckptplan.loading import load_model_file
 from tests.conftest import ROOT
 

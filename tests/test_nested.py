@@ -14,12 +14,12 @@ import torch
 
 import ckptplan
 from ckptplan.loading import call_model, load_model_file
-from ckptplan.problem import to_chain
-from ckptplan.profiler import Profile
-from ckptplan.schedule_plan import plan_from_schedule
+from ckptplan.planning.problem import to_chain
+from ckptplan.planning.schedule_plan import plan_from_schedule
+from ckptplan.profiling.profiler import Profile
+from ckptplan.profiling.training import training_conventions
 from ckptplan.solvers.chain import AfterCode, Chain, Enclosure, InfeasibleBudget, simulate
 from ckptplan.solvers.dp import solve
-from ckptplan.training import training_conventions
 from tests.conftest import ROOT
 from tests.test_chain_solvers import all_segmentations_fast, random_chain
 

@@ -12,7 +12,7 @@ import pytest
 
 import ckptplan
 from ckptplan.loading import load_model_file
-from ckptplan.opsequence import first_divergence, step_ops
+from ckptplan.profiling.opsequence import first_divergence, step_ops
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)

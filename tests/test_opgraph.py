@@ -8,13 +8,13 @@ import pytest
 import torch
 from torch.utils.module_tracker import ModuleTracker
 
-from ckptplan.costs import OpRecorder
 from ckptplan.devices import get_device
 from ckptplan.loading import LiveModel, load_model_file
-from ckptplan.opgraph import optimality_gap, schedule_of_plan, to_remat_problem
-from ckptplan.problem import selective_menus, to_chain
-from ckptplan.profiler import Settings, profile_model
-from ckptplan.schedule_plan import plan_from_schedule
+from ckptplan.planning.opgraph import optimality_gap, schedule_of_plan, to_remat_problem
+from ckptplan.planning.problem import selective_menus, to_chain
+from ckptplan.planning.schedule_plan import plan_from_schedule
+from ckptplan.profiling.costs import OpRecorder
+from ckptplan.profiling.profiler import Settings, profile_model
 from ckptplan.solvers import run_solver
 from ckptplan.solvers.remat import topological_order
 from ckptplan.solvers.remat_check import check_schedule

@@ -10,7 +10,7 @@ from typing import Any, get_args
 import pytest
 
 import ckptplan
-from ckptplan.cli import solve as solve_command
+from ckptplan.cli.main import solve as solve_command
 from ckptplan.devices import DEVICES
 from ckptplan.options import Parallel, ProfileOptions, SolveOptions, Target
 from ckptplan.solvers import SolverOptions

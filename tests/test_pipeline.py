@@ -24,7 +24,7 @@ import ckptplan.pipeline_types
 from ckptplan.errors import CkptplanError
 from ckptplan.pipeline_types import Pipeline, balanced_split, in_flight
 from ckptplan.plan import Plan
-from ckptplan.training import make_optimizer
+from ckptplan.profiling.training import make_optimizer
 from tests.conftest import MODELS, ROOT
 from tests.test_distributed import common
 

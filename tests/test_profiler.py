@@ -8,9 +8,9 @@ import torch
 from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError
 from ckptplan.loading import call_model, load_model_file
-from ckptplan.profiler import Settings, profile_model
-from ckptplan.steptiming import checkpointed
-from ckptplan.units import find_units
+from ckptplan.profiling.profiler import Settings, profile_model
+from ckptplan.profiling.steptiming import checkpointed
+from ckptplan.profiling.units import find_units
 from tests.conftest import MODELS, ROOT
 
 pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)

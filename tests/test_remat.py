@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ckptplan.remat_command import remat
+from ckptplan.cli.remat import remat
 from ckptplan.solvers import remat as remat_module
 from ckptplan.solvers import remat_check
 from ckptplan.solvers.remat import (
@@ -497,7 +497,7 @@ def test_command_errors_are_one_line_with_status_2(
         (tmp_path / args[0]).write_text(content)
     args = [str(tmp_path / args[0]), *args[1:]]
     done = subprocess.run(
-        [sys.executable, "-c", "from ckptplan.remat_command import remat; remat()", *args],
+        [sys.executable, "-c", "from ckptplan.cli.remat import remat; remat()", *args],
         capture_output=True,
         text=True,
         check=False,
@@ -509,6 +509,6 @@ def test_command_errors_are_one_line_with_status_2(
 
 
 def test_command_module_does_not_import_torch() -> None:
-    code = "import sys, ckptplan.remat_command; print('torch' in sys.modules)"
+    code = "import sys, ckptplan.cli.remat; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"

@@ -1,4 +1,5 @@
-"""Repeated blocks priced once (``ckptplan.replicate``): the replicated profile is the traced one.
+"""Repeated blocks priced once (``ckptplan.profiling.replicate``): the replicated profile is the
+traced one.
 
 The replicated profile of a 12-layer Hugging Face Llama must equal the profile traced block by
 block in every field (every op record included), and so must the chains, the selective menus
@@ -11,9 +12,9 @@ from dataclasses import replace
 import pytest
 
 from ckptplan.loading import load_model_file
-from ckptplan.problem import selective_menus, to_chain
-from ckptplan.profiler import Profile, Settings, profile_model
-from ckptplan.schedule_plan import plan_from_schedule
+from ckptplan.planning.problem import selective_menus, to_chain
+from ckptplan.planning.schedule_plan import plan_from_schedule
+from ckptplan.profiling.profiler import Profile, Settings, profile_model
 from solvers import run_solver
 from tests.conftest import MODELS
 

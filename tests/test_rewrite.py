@@ -24,8 +24,8 @@ import torch
 from torch.utils.checkpoint import CheckpointPolicy
 
 import ckptplan
-import ckptplan.rewrite
-from ckptplan import policy_runtime
+import ckptplan.rewriting.graph
+from ckptplan.applying import policy as policy_runtime
 from ckptplan.errors import CkptplanError
 from ckptplan.fingerprint import model_fingerprint
 from ckptplan.loading import ModelFile, call_model, load_model_file
@@ -142,7 +142,7 @@ def test_rewritten_sample_models_keep_the_state_dict_and_train_and_evaluate_alik
 
 
 def test_the_written_policy_decides_as_applys_at_every_op_call(tmp_path, monkeypatch) -> None:
-    """For one plan, the policy in the written file (copied from ``ckptplan.policy_runtime``)
+    """For one plan, the policy in the written file (copied from ``ckptplan.applying.policy``)
     and the one ``ckptplan.apply`` runs make the same choice at every op call of a selective
     region: the plan's ``Policy.choice``."""
     model_file = load_model_file(ROOT / "sample_models" / "gpt.py")
@@ -431,14 +431,10 @@ def test_a_model_whose_own_forward_branches_on_its_mode_points_to_apply() -> Non
     assert model.training and all(m.training for m in model.modules()), "modes put back"
 
 
-@pytest.mark.skipif(
-    "rewrite" not in __import__("ckptplan.cli").cli.cli.commands,
-    reason="the rewrite command is not wired into the CLI yet",
-)
 def test_the_rewrite_command_writes_a_module_that_trains(tmp_path) -> None:
     from click.testing import CliRunner
 
-    from ckptplan.cli import cli
+    from ckptplan.cli.main import cli
 
     path = ROOT / "sample_models" / "mlp.py"
     model = load_model_file(path).build()

@@ -9,7 +9,7 @@ import pytest
 
 import ckptplan
 from ckptplan.errors import BelowLeastPeak
-from ckptplan.scaleout import least_rank_peak, ranks_that_fit
+from ckptplan.planning.scaleout import least_rank_peak, ranks_that_fit
 from tests.conftest import MODELS
 
 pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
@@ -18,7 +18,7 @@ MODEL = MODELS / "tiny_gpt.py"
 
 
 @pytest.fixture(scope="module")
-def whole() -> ckptplan.profiler.Profile:
+def whole() -> ckptplan.profiling.profiler.Profile:
     return ckptplan.profile(MODEL)
 
 

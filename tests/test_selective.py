@@ -12,16 +12,22 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import ckptplan
-from ckptplan.fakerun import fake_run_peak
 from ckptplan.loading import load_model_file
 from ckptplan.plan import Plan
-from ckptplan.problem import block_forward_ops, op_names, save_items, selective_menus, to_chain
+from ckptplan.planning.problem import (
+    block_forward_ops,
+    op_names,
+    save_items,
+    selective_menus,
+    to_chain,
+)
+from ckptplan.planning.schedule_plan import plan_from_schedule
+from ckptplan.planning.search import selective_pays
 from ckptplan.profile_types import OpRecord
-from ckptplan.profiler import Settings, profile_model
-from ckptplan.schedule_plan import plan_from_schedule
-from ckptplan.search import selective_pays
+from ckptplan.profiling.profiler import Settings, profile_model
 from ckptplan.solvers import run_solver
 from ckptplan.solvers.selective import SaveItem, frontier
+from ckptplan.verifying.fakerun import fake_run_peak
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
@@ -257,7 +263,7 @@ def test_offloaded_ops_are_not_rerun_and_gradients_match(tiny_gpt) -> None:
 
 def test_a_fake_run_counts_offloaded_outputs_off_the_device(tiny_gpt) -> None:
     """The fake run models a device with a host link: offloaded outputs leave device memory."""
-    from ckptplan.fakerun import fake_run_peak
+    from ckptplan.verifying.fakerun import fake_run_peak
 
     model_file = load_model_file(tiny_gpt)
     plan = ckptplan.solve(tiny_gpt, budget="1.0", solver="none", batch_size=2, fake_run=False)
@@ -289,9 +295,9 @@ def test_the_rewriter_refuses_offload_with_a_pointer_to_apply(tiny_gpt) -> None:
 def test_a_segment_of_blocks_under_one_policy_is_predicted_and_exact() -> None:
     """Two blocks in one region, each keeping its matmul: the region's policy counts calls
     across both blocks, the fake run confirms the chain's peak, gradients match."""
-    from ckptplan.fakerun import fake_run_peak
-    from ckptplan.schedule_plan import plan_from_schedule
+    from ckptplan.planning.schedule_plan import plan_from_schedule
     from ckptplan.solvers.chain import simulate
+    from ckptplan.verifying.fakerun import fake_run_peak
 
     model = ROOT / "sample_models" / "mlp.py"
     profile = replace(ckptplan.profile(model, batch_size=8), policy_op_time=0.0)
@@ -312,9 +318,9 @@ def test_kept_outputs_past_the_last_save_stay_through_backward(gpt_profile) -> N
     """Recomputation stops at a block's last saved tensor, so a cached output of an op after
     it (the residual add that makes the block's output) is never taken back: the chain counts
     it through the block's backward, and the fake run agrees."""
-    from ckptplan.fakerun import fake_run_peak
-    from ckptplan.schedule_plan import plan_from_schedule
+    from ckptplan.planning.schedule_plan import plan_from_schedule
     from ckptplan.solvers.chain import simulate
+    from ckptplan.verifying.fakerun import fake_run_peak
 
     menus = selective_menus(gpt_profile)
     chain = to_chain(gpt_profile, menus=menus)
@@ -362,7 +368,7 @@ def test_auto_takes_dp_plan_where_its_selective_one_saves_under_the_margin() -> 
 
 def test_two_plans_are_timed_in_interleaved_rounds() -> None:
     """The A/B instrument of ``benchmarks/auto_vs_dp.py``: one time per plan per round."""
-    from ckptplan.pairtiming import interleaved_step_times
+    from ckptplan.verifying.pairtiming import interleaved_step_times
 
     tiny = ROOT / "tests" / "models" / "tiny_gpt.py"
     plans = {

@@ -24,14 +24,14 @@ TORCH_FREE = (
     "ckptplan.phase",
     "ckptplan.peak_event",
     "ckptplan.profile_types",
-    "ckptplan.problem",
+    "ckptplan.planning.problem",
     "ckptplan.pipeline_types",
     "ckptplan.options",
     "ckptplan.devices",
     "ckptplan.budget",
     "ckptplan.errors",
-    "ckptplan.remat_command",
-    "ckptplan.cli",
+    "ckptplan.cli.remat",
+    "ckptplan.cli.main",
 )
 
 
@@ -48,5 +48,5 @@ def test_the_module_imports_with_torch_blocked(module: str) -> None:
 
 
 def test_blocking_torch_is_seen() -> None:
-    done = imports_without_torch("ckptplan.profiler")
+    done = imports_without_torch("ckptplan.profiling.profiler")
     assert done.returncode != 0, "the profiler traces with torch: the block must stop it"

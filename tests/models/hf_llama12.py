@@ -2,7 +2,7 @@
 attention (4 heads, 2 key/value heads), attention dropout 0.1.
 
 Deep enough that its run of identical decoder layers is profiled by replication
-(``ckptplan.replicate``), small enough to trace whole in a second to compare against.
+(``ckptplan.profiling.replicate``), small enough to trace whole in a second to compare against.
 """
 
 import torch

@@ -1,0 +1,232 @@
+"""Apply a plan to a model in place, with non-reentrant ``torch.utils.checkpoint``.
+
+Every planned module keeps its path, parameters and ``state_dict`` keys; only its class is
+swapped for a subclass of the same name whose ``__call__`` routes the call through its region
+(``ckptplan.applying.region``). A region (one module, or a run of consecutive sibling blocks)
+runs all its members inside one checkpoint from the first member's call, each member through
+its original ``__call__``, so module hooks (FSDP2's all-gather and reshard, Hugging Face's, the
+user's) run inside the region, again during recomputation, and once per forward.
+
+Nothing on the checkpointed path mutates Python state while ``torch.compile`` traces it, so a
+checkpointed model compiles once, without graph breaks; in eager mode each region counts its
+recomputations, and the first backward logs how many regions were recomputed
+(``ckptplan.applying.stats``), so a plan cannot be silently not applied.
+
+Running order: ``apply`` first, then ``fully_shard``/``DistributedDataParallel``, then
+``torch.compile``.
+
+Example:
+    >>> model = ckptplan.apply(model, "plan.json")   # doctest: +SKIP
+    >>> print(model.ckptplan_applied)                 # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ckptplan.applying.guards import BatchGuard
+from ckptplan.applying.region import RegionRun
+from ckptplan.applying.stats import AppliedPlan, RegionStats, Reporter, region_name
+from ckptplan.errors import CkptplanError
+from ckptplan.fingerprint import check_model_matches
+from ckptplan.plan import Plan, Region, as_plan
+from ckptplan.profiling.training import training_conventions
+
+log = logging.getLogger("ckptplan")
+
+
+def _member_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    region, index = self.__dict__["_ckptplan_member"]
+    return region.call(index, args, kwargs)
+
+
+def _member_reduce(self: torch.nn.Module, protocol: int) -> tuple[Any, ...]:
+    """Pickle (and deepcopy) a member as its class's member variant, by the original class."""
+    return (_new_member, (type(self)._ckptplan_base,), self.__dict__.copy())
+
+
+def _new_member(base: type[torch.nn.Module]) -> torch.nn.Module:
+    return object.__new__(_member_class(base))
+
+
+_MEMBER_CLASSES: dict[type[torch.nn.Module], type[torch.nn.Module]] = {}
+
+
+def _member_class(base: type[torch.nn.Module]) -> type[torch.nn.Module]:
+    """``base`` with a region-routing ``__call__``; same name, so fingerprints are unchanged."""
+    if base not in _MEMBER_CLASSES:
+        _MEMBER_CLASSES[base] = type(
+            base.__name__,
+            (base,),
+            {
+                "__call__": _member_call,
+                "__reduce_ex__": _member_reduce,
+                "__module__": base.__module__,
+                "__qualname__": base.__qualname__,
+                "_ckptplan_base": base,
+            },
+        )
+    return _MEMBER_CLASSES[base]
+
+
+def refuse_wrapped(model: torch.nn.Module) -> None:
+    """One-line errors for the orders that cannot work, with the order that does."""
+    order = "ckptplan.apply(model, plan), then fully_shard/DDP, then torch.compile"
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        raise CkptplanError(f"apply the plan before wrapping the model in DDP: {order}")
+    if type(model).__name__ == "OptimizedModule" and hasattr(model, "_orig_mod"):
+        raise CkptplanError(f"apply the plan before torch.compile: {order}")
+    if torch.distributed.is_available():
+        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+
+        if any(isinstance(m, FSDPModule | FullyShardedDataParallel) for m in model.modules()):
+            raise CkptplanError(f"apply the plan before fully_shard (FSDP): {order}")
+    for module in model.modules():
+        current = hasattr(type(module), "is_activation_checkpointing")
+        flag = "is_activation_checkpointing" if current else "is_gradient_checkpointing"
+        declared = hasattr(type(module), flag) or flag in vars(module)
+        if declared and getattr(module, flag) is True:
+            disable = "activation" if current else "gradient"
+            raise CkptplanError(
+                "the model already has Hugging Face checkpointing on, so the plan would "
+                f"checkpoint twice; call model.{disable}_checkpointing_disable() before applying it"
+            )
+
+
+def _check_region(region: Region, modules: dict[str, torch.nn.Module], used: set[str]) -> None:
+    if not region.modules:
+        raise CkptplanError("the plan has a region with no modules; re-solve it")
+    parents = {path.rpartition(".")[0] for path in region.modules}
+    if len(parents) != 1:
+        raise CkptplanError(
+            f"region {region_name(region.modules)} joins modules of different parents; a "
+            "region is a run of sibling modules"
+        )
+    for path in region.modules:
+        if path not in modules:
+            raise CkptplanError(f"the plan names module {path!r}, which this model lacks")
+        if "_ckptplan_member" in modules[path].__dict__:
+            raise CkptplanError(f"{path} is already checkpointed by ckptplan; apply a plan once")
+        if path in used:
+            raise CkptplanError(f"{path} is in two regions of the plan; re-solve it")
+        used.add(path)
+
+
+class _Installer:
+    """Builds the runtime regions of a plan and swaps the members' classes."""
+
+    def __init__(self, model: torch.nn.Module, applied: AppliedPlan) -> None:
+        self.modules = dict(model.named_modules())
+        self.reporter = Reporter(applied)
+        self.stats: list[RegionStats] = []
+        self.nested_stats: list[RegionStats] = []
+        self.nested: list[tuple[str, ...]] = []
+        self.used: set[str] = set()
+        self.installs: list[tuple[RegionRun, int]] = []
+
+    def region(self, region: Region, top: bool, swap: bool) -> RegionRun:
+        if swap:
+            _check_region(region, self.modules, self.used)
+        members = [self.modules[p] for p in region.modules]
+        stats = RegionStats(region_name(region.modules))
+        (self.stats if top else self.nested_stats).append(stats)
+        run = RegionRun(
+            members,
+            region.modules,
+            [type(m) for m in members],
+            region.policy,
+            stats,
+            self.reporter if top else None,
+        )
+        if swap:
+            self.installs.extend((run, i) for i in range(len(members)))
+        for child in region.children:
+            self.child(region, run, child)
+        return run
+
+    def child(self, parent: Region, run: RegionRun, child: Region) -> None:
+        self.nested.append(child.modules)
+        names = region_name(child.modules)
+        count = len(child.modules)
+        for start in range(len(parent.modules) - count + 1):
+            if parent.modules[start : start + count] == child.modules:
+                if count == len(parent.modules):
+                    raise CkptplanError(f"nested region {names} is its parent region; re-solve")
+                if any(
+                    s[2] is not None and s[0] < start + count and start < s[1] for s in run.steps
+                ):
+                    raise CkptplanError(f"nested region {names} overlaps another; re-solve")
+                run.nest(start, start + count, self.region(child, top=False, swap=False))
+                return
+        inside = all(any(p.startswith(m + ".") for m in parent.modules) for p in child.modules)
+        if not inside:
+            raise CkptplanError(
+                f"nested region {names} is neither a run of {region_name(parent.modules)} nor "
+                "inside it; re-solve the plan"
+            )
+        self.region(child, top=False, swap=True)
+
+    def install(self) -> None:
+        for run, index in self.installs:
+            module = run.modules[index]
+            module.__class__ = _member_class(type(module))
+            module.__dict__["_ckptplan_member"] = (run, index)
+
+
+def refuse_unapplicable(model: torch.nn.Module) -> None:
+    """Refuse a model no plan can be applied to (checkpointed already, or wrapped by DDP, FSDP2
+    or ``torch.compile``), before any plan is read or solved for it."""
+    if getattr(model, "ckptplan_applied", None) is not None:
+        raise CkptplanError(
+            f"{type(model).__name__} is already checkpointed by ckptplan; apply a plan once"
+        )
+    refuse_wrapped(model)
+
+
+def apply(
+    model: torch.nn.Module, plan: Plan | str | Path, force: bool = False, stage: int | None = None
+) -> torch.nn.Module:
+    """Checkpoint ``model`` in place as ``plan`` says, and return it.
+
+    Refuses a model that is already checkpointed by ckptplan (or by Hugging Face), a model
+    already wrapped by DDP, FSDP2 or ``torch.compile`` (apply comes first), and a model whose
+    structure differs from the one the plan was made for (unless ``force``). The summary of
+    what was wrapped is logged and kept as ``model.ckptplan_applied``, whose counters show the
+    recomputations. Training with it then warns of a batch larger than the plan's, and refuses
+    Hugging Face checkpointing switched on inside its regions (``ckptplan.applying.guards``).
+
+    With ``stage``, ``model`` is that pipeline stage's module and only its blocks are checked
+    and checkpointed (``ckptplan.applying.pipeline_stage.stage_plan``).
+    """
+    plan = as_plan(plan)
+    refuse_unapplicable(model)
+    if stage is None:
+        check_model_matches(model, plan, force)
+    else:
+        # Imported here: ckptplan.planning.pipeline solves through ckptplan.api, which imports this
+        # module.
+        from ckptplan.applying.pipeline_stage import stage_plan
+
+        plan = stage_plan(model, plan, stage, force)
+    for note in training_conventions(model)[1]:
+        log.warning("ckptplan.apply: %s", note)
+    applied = AppliedPlan(
+        regions=tuple(r.modules for r in plan.regions),
+        solver=plan.solver,
+        policies=tuple(r.policy for r in plan.regions),
+    )
+    installer = _Installer(model, applied)
+    for region in plan.regions:
+        installer.region(region, top=True, swap=True)
+    installer.install()
+    applied.stats = tuple(installer.stats)
+    applied.nested_stats = tuple(installer.nested_stats)
+    applied.nested = tuple(installer.nested)
+    model.ckptplan_applied = applied
+    model.register_forward_pre_hook(BatchGuard(plan.inputs), with_kwargs=True)
+    log.info("%s", applied)
+    return model

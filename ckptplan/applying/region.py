@@ -1,0 +1,230 @@
+"""One checkpointed region at run time: its members run in order inside one non-reentrant
+checkpoint, nested regions as checkpoints of their own, under the region's selective policy.
+
+A region is entered from its first member's call and returns that member's output; each later
+member hands back the output computed for it, after checking it received the output of the
+member before it (which the profiler checked before the solver was allowed to join them).
+Recomputation puts back the buffers the forward mutated (BatchNorm statistics), and runs under
+the GPU attention emulation when the forward did.
+"""
+
+from __future__ import annotations
+
+import functools
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils.checkpoint import checkpoint
+
+from ckptplan.applying.guards import hf_checkpointing_layers, refuse_second_checkpointing
+from ckptplan.applying.offload import offload_contexts
+from ckptplan.applying.policy import OpCalls, op_overload, selective_contexts
+from ckptplan.applying.stats import RegionStats, Reporter, region_name
+from ckptplan.errors import CkptplanError, option
+from ckptplan.policy_types import OpCall, Policy
+from ckptplan.profiling.gpukernels import GPU_ONLY_OPS, GpuAttention, emulated, runs_gpu_kernels
+from ckptplan.profiling.training import first_tensor
+
+
+class RegionRun:
+    """One checkpointed region: its members, nested sub-runs, policy and counters."""
+
+    def __init__(
+        self,
+        modules: list[torch.nn.Module],
+        paths: tuple[str, ...],
+        bases: list[type[torch.nn.Module]],
+        policy: Policy | None,
+        stats: RegionStats,
+        reporter: Reporter | None,
+    ) -> None:
+        self.modules = modules
+        self.paths = paths
+        self.bases = bases
+        self.name = region_name(paths)
+        self.policy = None if policy is None else _op_calls(policy, self.name)
+        """The policy's saved and offloaded op calls as the runtime takes them (None: plain
+        checkpoint)."""
+        named = () if policy is None else (*policy.saves, *policy.offloads)
+        self.gpu_only = sorted({call.op for call in named} & GPU_ONLY_OPS)
+        """Ops the policy names that only a CUDA device runs (a plan made for a GPU)."""
+        self.emulating = False
+        """The forward ran under ``GpuAttention`` (a fake run for a GPU): so does recompute."""
+        self.stats = stats
+        self.reporter = reporter
+        self.hf_layers = hf_checkpointing_layers(modules)
+        """Layers Hugging Face's checkpointing can switch on (refused once planned)."""
+        self.steps: list[tuple[int, int, RegionRun | None]] = [
+            (i, i + 1, None) for i in range(len(modules))
+        ]
+        self.stateful: list[torch.Tensor] = []
+        """Buffers the forward mutates (BatchNorm statistics): restored after recomputation."""
+        self.pending: list[Any] = []
+        self.expected: torch.Tensor | None = None
+
+    def nest(self, start: int, end: int, child: RegionRun) -> None:
+        """Run members ``[start, end)`` as their own checkpoint inside this one."""
+        steps = [s for s in self.steps if not start <= s[0] < end]
+        steps.append((start, end, child))
+        self.steps = sorted(steps, key=lambda s: s[0])
+
+    def run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """The checkpointed function: every member in order, through its original call."""
+        if not torch.compiler.is_compiling() and torch._C._current_graph_task_id() != -1:
+            self.stats.recomputes += 1
+            return self._recompute(args, kwargs)
+        return self._members(args, kwargs)
+
+    def _recompute(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """Re-run forward, keeping buffers (BatchNorm statistics) as the forward left them."""
+        # Outside the dispatch modes of selective checkpointing, whose recompute side refuses
+        # an op its forward did not run.
+        with torch.no_grad(), _disable_current_modes():
+            kept = [b.clone() for b in self.stateful]
+        try:
+            with GpuAttention() if self.emulating else nullcontext():
+                return self._members(args, kwargs)
+        finally:
+            with torch.no_grad(), _disable_current_modes():
+                for buffer, value in zip(self.stateful, kept, strict=True):
+                    buffer.copy_(value)
+
+    def _members(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        outs: list[Any] = []
+        for start, _, child in self.steps:
+            if outs:
+                args, kwargs = _next_arguments(args, kwargs, first_tensor(outs[-1]))
+            if child is None:
+                outs.append(self.bases[start].__call__(self.modules[start], *args, **kwargs))
+            else:
+                outs.extend(child.checkpointed(args, kwargs))
+        return tuple(outs)
+
+    def checkpointed(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """The members' outputs, computed under this region's checkpoint."""
+        if not torch.is_grad_enabled():
+            return self._members(args, kwargs)
+        if torch.compiler.is_compiling():
+            return self._checkpoint(args, kwargs)
+        self.stats.forwards += 1
+        refuse_second_checkpointing(self.name, self.hf_layers)
+        self.emulating = emulated()
+        self._check_device(args, kwargs)
+        norms, others = self._buffers()
+        versions = [b._version for b in others]
+        outs = self._checkpoint(args, kwargs)
+        changed = [b for b, v in zip(others, versions, strict=True) if b._version != v]
+        self.stateful = norms + changed
+        if self.reporter is not None:
+            self.reporter.watch(outs[-1])
+        return outs
+
+    def _spread(self, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        return self.run(args, kwargs)
+
+    def _check_device(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        x = first_tensor((args, kwargs))
+        if self.gpu_only and x is not None and not runs_gpu_kernels(x):
+            raise CkptplanError(
+                f"the plan was made for a GPU: region {self.name} keeps {self.gpu_only[0]}, "
+                f"which {x.device.type} never runs; solve again with "
+                f"{option('target', x.device.type)}"
+            )
+
+    def _checkpoint(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        # The region's tensor arguments go to checkpoint one by one, so it saves them as saved
+        # tensors (a tuple would be held as is): under an enclosing checkpoint, they are then
+        # dropped through forward like everything else the enclosing region saves.
+        if self.policy is None:
+            return checkpoint(
+                self._spread, *args, use_reentrant=False, preserve_rng_state=True, **kwargs
+            )
+        saves, offloads = self.policy
+        # Built here, not stored: torch.compile takes a context_fn made in the traced frame.
+        # Eager torch recomputes what a *_CPU_OFFLOAD policy names, so eager offload runs
+        # ckptplan's own caching modes; under torch.compile the policy goes to the partitioner.
+        contexts = (
+            offload_contexts
+            if offloads and not torch.compiler.is_compiling()
+            else selective_contexts
+        )
+        return checkpoint(
+            self._spread,
+            *args,
+            use_reentrant=False,
+            preserve_rng_state=True,
+            context_fn=functools.partial(contexts, saves, offloads),
+            **kwargs,
+        )
+
+    def _buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Running statistics of training norm layers (updated in place without a version bump
+        on CPU), and the other buffers, whose version counters show a mutation."""
+        norms: dict[int, torch.Tensor] = {}
+        others: dict[int, torch.Tensor] = {}
+        for member in self.modules:
+            for module in member.modules():
+                tracked = isinstance(module, torch.nn.modules.batchnorm._NormBase) and (
+                    module.training and module.track_running_stats
+                )
+                for buffer in module.buffers(recurse=False):
+                    (norms if tracked else others).setdefault(id(buffer), buffer)
+        return list(norms.values()), [b for k, b in others.items() if k not in norms]
+
+    def call(self, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A member's ``__call__`` from outside the region."""
+        if index == 0:
+            outs = self.checkpointed(args, kwargs)
+            self.pending = list(outs[1:])
+            self.expected = first_tensor(outs[0]) if self.pending else None
+            return outs[0]
+        if len(self.pending) != len(self.modules) - index:
+            self.pending = []
+            raise RuntimeError(
+                f"ckptplan: {self.paths[index]} ran without {self.paths[index - 1]} just before "
+                "it, but the plan checkpoints them as one region; re-solve with "
+                f"{option('max_segment', 1)}"
+            )
+        received = first_tensor(args) if args else first_tensor(kwargs)
+        if received is not self.expected:
+            self.pending = []
+            raise RuntimeError(
+                f"ckptplan: {self.paths[index]} did not receive the output of "
+                f"{self.paths[index - 1]}, so they cannot share a checkpoint region; re-solve "
+                f"with {option('max_segment', 1)}"
+            )
+        out = self.pending.pop(0)
+        self.expected = first_tensor(out) if self.pending else None
+        return out
+
+
+def _next_arguments(
+    args: tuple[Any, ...], kwargs: dict[str, Any], x: torch.Tensor | None
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The next member's arguments: the previous output in place of the first tensor input.
+
+    A new dict, never the caller's: checkpoint keeps the region's arguments for recomputation.
+    """
+    if args:
+        return (x, *args[1:]), kwargs
+    first = next(k for k, v in kwargs.items() if isinstance(v, torch.Tensor))
+    return (), {**kwargs, first: x}
+
+
+def _op_calls(policy: Policy, region: str) -> tuple[OpCalls, OpCalls]:
+    """The policy's saved and offloaded op calls as the runtime takes them, each op checked to
+    be a torch op here (a plan names ops by their names only)."""
+
+    def resolved(calls: tuple[OpCall, ...]) -> OpCalls:
+        for call in calls:
+            try:
+                op_overload(call.op)
+            except AttributeError:
+                raise CkptplanError(
+                    f"policy of {region} names {call.op!r}, which is no torch op"
+                ) from None
+        return tuple((call.op, call.index) for call in calls)
+
+    return resolved(policy.saves), resolved(policy.offloads)

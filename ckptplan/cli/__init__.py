@@ -1,0 +1,1 @@
+"""The ``ckptplan`` command: thin shells over the Python API, and what they print."""

@@ -1,0 +1,228 @@
+"""The search for a budget's plan: solver runs at a target below the budget, each plan
+confirmed by a fake run of the checkpointed step and the target lowered by what it overshot;
+for ``auto``, the plan of segments where a selective plan does not pay for itself."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ckptplan.budget import admitting_budget, format_budget_at_least, format_bytes
+from ckptplan.devices import Device, get_device
+from ckptplan.errors import BelowLeastPeak, CkptplanError, option
+from ckptplan.loading import Workload
+from ckptplan.options import Parallel
+from ckptplan.plan import Plan
+from ckptplan.planning.schedule_plan import plan_from_schedule
+from ckptplan.profile_types import Profile
+from ckptplan.progress import QUIET, Progress
+from ckptplan.solvers import SolverOptions, run_solver
+from ckptplan.solvers.chain import Chain, InfeasibleBudget, Schedule
+from ckptplan.solvers.selective import Selection
+from ckptplan.verifying.fakerun import compiled_fake_run, fake_run_peak
+
+FAKE_RUN_TRIES = 4
+RELAX_TRIES = 6
+"""Solves whose plan the fake run checks; each retry takes the overshoot (doubled each time)
+off the solver's target."""
+
+
+def search_plan(search: Search, solver: str) -> tuple[Plan | None, int]:
+    """The solver's plan (None if none fits) and its fake-run peak; for ``auto``, the plan of
+    segments instead where a selective plan does not pay for itself."""
+    plan, confirmed = search.run(solver)
+    if solver == "auto":
+        # Selective plans the fake run puts over, however low the target, or that do not pay
+        # for themselves against the best of segments: the best of segments.
+        try:
+            segments, segments_peak = search.run("dp")
+        except BelowLeastPeak:  # selective plans reach below the least peak of segments
+            if plan is None:
+                raise
+            segments, segments_peak = None, 0
+        if segments is not None and not (
+            plan is not None
+            and selective_pays(
+                plan.predicted.recompute_time_s,
+                segments.predicted.recompute_time_s,
+                plan.predicted.step_time_s,
+                search.device.selective_margin if _policied(plan) else 0.0,
+            )
+        ):
+            plan, confirmed = replace(segments, solver="auto"), segments_peak
+    return plan, confirmed
+
+
+@dataclass(frozen=True)
+class Search:
+    """One solve's problem and budget: solver runs, each plan confirmed by a fake run."""
+
+    prof: Profile
+    chain: Chain
+    menus: list[list[Selection]] | None
+    workload: Workload
+    options: SolverOptions
+    budget_text: str
+    budget_bytes: int
+    aim: int
+    scope: str
+    margin: float
+    ranks: Parallel
+    baselines: dict[str, Any]
+    checked: bool
+    progress: Progress = QUIET
+    confirmed: dict[str, int] = field(default_factory=dict)
+    """Fake-run peaks by the plan's regions: auto and dp often reach the same plan."""
+    partitions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """For a compiled step, the partition each fake run made, by the plan's regions."""
+
+    @property
+    def device(self) -> Device:
+        return get_device(self.prof.settings.device, self.prof.settings.compiled)
+
+    def run(self, solver: str) -> tuple[Plan | None, int]:
+        """The plan of ``solver`` whose fake run fits the aim, or None with the last fake-run
+        peak; each retry takes the overshoot (doubled each time) off the solver's target."""
+        target = self.aim
+        confirmed = 0
+        for attempt in range(FAKE_RUN_TRIES):
+            schedule = self._schedule(solver, target)
+            plan = self._plan(schedule)
+            if not self.checked:
+                return plan, 0
+            plan, confirmed = self._confirmed(plan)
+            if confirmed <= self.aim:
+                if solver in ("dp", "auto") and self.prof.settings.compiled:
+                    return self._relaxed(solver, target, plan, confirmed)
+                return plan, confirmed
+            if solver not in ("dp", "auto"):
+                break
+            target -= (confirmed - self.aim) * 2**attempt
+        return None, confirmed
+
+    def _relaxed(self, solver: str, target: int, plan: Plan, confirmed: int) -> tuple[Plan, int]:
+        """A compiled step often keeps less than the chain model of the eager step says (the
+        partitioner recomputes cheap ops outside regions too), so a fitting plan may leave room:
+        the solver's target rises by that room until a plan overshoots, then bisects between
+        the highest target that fit and the lowest that did not, keeping the plan that
+        recomputes least. Fake runs are cached by regions, so a target that changes nothing
+        costs nothing."""
+        low, high, room = target, None, self.aim - confirmed
+        for _ in range(RELAX_TRIES):
+            if high is not None and high - low <= self.aim // 200:
+                break
+            trial = low + max(room, 1) if high is None else (low + high) // 2
+            looser, peak = self._confirmed(self._plan(self._schedule(solver, trial)))
+            if peak > self.aim:
+                high = trial
+                continue
+            low, room = trial, max(room, self.aim - peak)
+            if looser.predicted.recompute_time_s < plan.predicted.recompute_time_s:
+                plan, confirmed = looser, peak
+        return plan, confirmed
+
+    def _fake_run(self, plan: Plan) -> int:
+        key = json.dumps([region.to_json() for region in plan.regions])
+        if key not in self.confirmed:
+            self.progress.phase("confirming the plan's peak on fake tensors")
+            if self.prof.settings.compiled:
+                peak, partition = compiled_fake_run(self.workload, plan)
+                self.partitions[key] = partition.to_json()
+            else:
+                peak = fake_run_peak(self.workload, plan)
+            self.confirmed[key] = peak
+        return self.confirmed[key]
+
+    def _confirmed(self, plan: Plan) -> tuple[Plan, int]:
+        """The plan with its fake-run peak (and for a compiled step the partition its fake
+        run made) in its prediction, and that peak."""
+        peak = self._fake_run(plan)
+        key = json.dumps([region.to_json() for region in plan.regions])
+        predicted = replace(
+            plan.predicted, compiled_partition=self.partitions.get(key), fake_run_peak_bytes=peak
+        )
+        return replace(plan, predicted=predicted), peak
+
+    def _schedule(self, solver: str, target: int) -> Schedule:
+        """The solver's schedule for ``target``, or below its least peak the schedule of least
+        peak, when its fake run (kept in ``confirmed``) fits the aim."""
+        try:
+            return run_solver(solver, self.chain, target, self.options)
+        except InfeasibleBudget as exc:
+            refusal = (self.budget_bytes, self.prof, solver, self.scope, self.margin)
+            if not self.checked:
+                raise below_least_peak(exc.least_peak, *refusal) from None
+            # The chain model keeps a saved tensor until its backward node ends; a checkpoint's
+            # recomputed copy dies at its last use inside the node. So the plan of least peak
+            # may run within a budget its prediction exceeds: the fake run decides.
+            schedule = run_solver(solver, self.chain, exc.least_peak, self.options)
+            confirmed = self._fake_run(self._plan(schedule))
+            if confirmed > self.aim:
+                raise below_least_peak(confirmed, *refusal) from None
+            return schedule
+
+    def _plan(self, schedule: Schedule) -> Plan:
+        plan = plan_from_schedule(
+            self.prof,
+            self.chain,
+            schedule,
+            self.budget_text,
+            self.budget_bytes,
+            self.scope,
+            self.menus,
+        )
+        plan = replace(
+            plan,
+            budget=replace(plan.budget, margin_percent=self.margin, aim_bytes=self.aim),
+            settings=replace(
+                plan.settings, world_size=self.ranks.world_size, parallel=self.ranks.strategy
+            ),
+        )
+        plan.baselines.update(self.baselines)
+        return plan
+
+
+# Note [why selective plans must win by a margin]
+#     A selective plan's saving is the recompute time of the op outputs it keeps; what it pays
+#     is host time in the policy's dispatch modes, per op call, which ``--measure`` found to be
+#     30-200 µs per call on the sample models, step to step and model to model. Measured on the
+#     CPU against the segments-only plan for the same budget, selective plans predicted 1-3% of
+#     the step cheaper ran 1-7% slower (ViT, GPT), and two runs of one plan differ by about 2%
+#     in time ratio. So on the CPU a predicted gain below 3% of the step is no gain
+#     (``Device.selective_margin``).
+
+
+def selective_pays(selective: float, segments: float, step: float, margin: float) -> bool:
+    """Whether a plan of ``selective`` seconds of recompute (an auto plan) is to be taken over
+    the segments-only plan of ``segments`` seconds for the same budget: by more than ``margin``
+    of the ``step`` where it runs selective policies (0 where it runs none)."""
+    return segments - selective > margin * step
+
+
+def _policied(plan: Plan) -> bool:
+    return any(r.policy or any(c.policy for c in r.children) for r in plan.regions)
+
+
+def held_back_percent(percent: float | None, target: str, compiled: bool = False) -> float:
+    """The share of the budget held back, in percent (the target's default when None)."""
+    if percent is None:
+        return get_device(target, compiled).margin_percent
+    if not 0 <= percent < 50:
+        example = option("margin", 2)
+        raise CkptplanError(
+            f"{option('margin', percent)} is not a percentage in [0, 50); e.g. {example}"
+        )
+    return percent
+
+
+def below_least_peak(
+    least: int, budget: int, prof: Profile, solver: str, scope: str, margin: float
+) -> BelowLeastPeak:
+    held = f" less its {margin:g}% margin" if margin else ""
+    return BelowLeastPeak(
+        f"budget {format_bytes(budget)}{held} is below the least feasible peak "
+        f"{format_bytes(least)} of {prof.model_name} with solver {solver} (scope {scope}); "
+        f"use {option('budget', format_budget_at_least(admitting_budget(least, margin)))} or more",
+        least,
+    )
