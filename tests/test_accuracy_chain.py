@@ -41,8 +41,8 @@ def _predicted_and_fake(model: str, segments: list[tuple[int, int]]) -> tuple[in
 )
 def test_predicted_peak_is_the_fake_run_peak(model: str, segments: list[tuple[int, int]]) -> None:
     predicted, fake = _predicted_and_fake(model, segments)
-    # Not modelled: the copies of BatchNorm's running statistics that wrapping.py keeps while a
-    # region recomputes (528 B per ResNet block here), a few 1e-5 of the peak.
+    # Not modelled: the copies of BatchNorm's running statistics that applying/install.py keeps
+    # while a region recomputes (528 B per ResNet block here), a few 1e-5 of the peak.
     assert predicted == pytest.approx(fake, rel=1e-4)
 
 

@@ -4,7 +4,7 @@ Torch is imported inside the commands that need it, so ``ckptplan remat`` and ``
 start fast. A user error prints one line, ``error: ...``, and exits with status 2; any other
 failure (a bug in ckptplan or torch) prints one line, ``internal error: ...``, and exits with
 status 3. ``--debug`` (or ``CKPTPLAN_DEBUG=1``) adds the traceback. The options several
-commands share are in ``cli_options``.
+commands share are in ``ckptplan.cli.options``.
 """
 
 from __future__ import annotations
