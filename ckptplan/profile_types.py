@@ -45,6 +45,9 @@ class OpRecord:
     """Bytes of its tensor arguments and outputs: what the roofline's memory side moves."""
     half: bool = False
     """Its outputs are bf16/fp16 (tensor-core math on a GPU)."""
+    saved_for_backward: bool = False
+    """Autograd saved this op's output (or a view of it) for backward: a value backward needs
+    back, kept or recomputed (``ckptplan.planning.compiled_menus``)."""
 
 
 def block_forward_records(records: Sequence[OpRecord], blocks: int) -> list[list[OpRecord]]:

@@ -20,6 +20,7 @@ from dataclasses import replace
 from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError
 from ckptplan.options import SCOPES
+from ckptplan.planning.compiled_menus import compiled_menu
 from ckptplan.policy_types import Choice, OpCall, Policy
 from ckptplan.profile_types import (
     BlockProfile,
@@ -253,9 +254,11 @@ def _menu(
     offload_time: Callable[[int], float | None] | None,
     policy_op_time: float,
     compiled: bool = False,
+    index_of: dict[int, int] | None = None,
 ) -> list[Selection]:
     """One block's options, each thinned to ``points``, sizes always counting every op kept.
-    A compiled block with random ops has none (Note [selective options under torch.compile]).
+    A compiled block with random ops has none (Note [selective options under torch.compile]);
+    the others are priced as the partitioner runs them (``compiled_menu``).
 
     Two frontiers: for a block that ends its segment, recomputation never reaches the ops past
     its last save (nothing to keep there) and keeping its output is free (it lives on as the
@@ -268,6 +271,18 @@ def _menu(
     """
     if compiled and any(op.random for op in ops):
         return []
+    if compiled:
+        name = _output_op(block, ops)
+        return compiled_menu(
+            ops,
+            op_names(ops),
+            index_of or {},
+            keepable=[_keepable(op) for op in ops],
+            output=name,
+            tail=_unreplayed(ops),
+            seeds=[s.saved for s in frontier(save_items(ops), 4 * points, MENU_TOLERANCE)],
+            points=points,
+        )
     name = _output_op(block, ops)
     unreplayed = _unreplayed(ops)
     skipped = sum(op.time for op in unreplayed.values())
@@ -334,9 +349,15 @@ def region_policy(
     return Policy(tuple(calls[Choice.SAVE]), tuple(calls[Choice.OFFLOAD]))
 
 
-def _priced(block: BlockProfile, ops: list[OpRecord]) -> tuple[object, ...]:
-    """Everything a block's menu is made of: blocks alike in it (repeated layers) share one."""
+def _priced(
+    block: BlockProfile, ops: list[OpRecord], index_of: dict[int, int]
+) -> tuple[object, ...]:
+    """Everything a block's menu is made of: blocks alike in it (repeated layers) share one.
+    The dataflow (inputs as offsets back from their reader) is part of a compiled menu."""
     return (
+        tuple(
+            (op.saved_for_backward, tuple(index_of[id(op)] - j for j in op.inputs)) for op in ops
+        ),
         block.class_name,
         block.output_bytes,
         *(
@@ -358,10 +379,11 @@ def selective_menus(profile: Profile, points: int = MENU_POINTS) -> list[list[Se
     """Per block, the selective options worth offering (keeping and offloading nothing is plain
     checkpoint). Offload is priced by the host link of the profile's ``--device``."""
     device = get_device(profile.settings.device, profile.settings.compiled)
+    index_of = {id(op): i for i, op in enumerate(profile.ops)}
     cache: dict[tuple[object, ...], list[Selection]] = {}
     menus = []
     for block, ops in zip(profile.blocks, block_forward_ops(profile), strict=True):
-        signature = _priced(block, ops)
+        signature = _priced(block, ops, index_of)
         if signature not in cache:
             cache[signature] = _menu(
                 block,
@@ -370,6 +392,7 @@ def selective_menus(profile: Profile, points: int = MENU_POINTS) -> list[list[Se
                 device.offload_time,
                 profile.policy_op_time,
                 compiled=profile.settings.compiled,
+                index_of=index_of,
             )
         menus.append(cache[signature])
     return menus

@@ -227,16 +227,20 @@ class OpRecorder(TorchDispatchMode):
             if producer is not None:
                 producer.mutated_later = True
 
-    def note_saved(self, nbytes: int) -> None:
-        """Autograd saved a tensor after the op just recorded and before the next one.
+    def note_saved(self, nbytes: int, key: int) -> None:
+        """Autograd saved a tensor of storage ``key`` after the op just recorded and before
+        the next one.
 
         Autograd saves an op's inputs before running it and its outputs after, so these are
         the next op's inputs or this op's outputs: the time order recomputation follows (it
         stops at the last save of a region). Saves in a new phase (the next block's first
-        inputs) are not this op's.
+        inputs) are not this op's. The op that wrote the storage is marked as one whose output
+        backward reads.
         """
         if self.records and self.records[-1].phase == self.phase:
             self.records[-1].saved_bytes += nbytes
+        if key in self._writer:
+            self.records[self._writer[key]].saved_for_backward = True
 
     def totals(self) -> tuple[dict[str, float], dict[str, float]]:
         """FLOPs and time per phase."""

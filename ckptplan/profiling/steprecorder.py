@@ -154,7 +154,7 @@ class StepRecorder:
         if self.tracker.phases:
             self.replay_peaks[self.phase] = self.tracker.phases[-1].peak
         if self.costs is not None:
-            self.costs.note_saved(size)
+            self.costs.note_saved(size, key)
         return tensor
 
     def hooks(self) -> Iterator[Any]:
