@@ -63,8 +63,8 @@ class BlockGraph:
     ) -> BlockGraph:
         """The graph of a block's ``ops``, found in the step's records by ``index_of`` (id of a
         record -> its index); ``output``: the position of the op making the block's output."""
-        local = {index_of[id(op)]: i for i, op in enumerate(ops)}
-        needed = {i for i, op in enumerate(ops) if op.saved_for_backward}
+        flow = dataflow(ops, index_of)
+        needed = {i for i, (read_back, _) in enumerate(flow) if read_back}
         free: frozenset[int] = frozenset()
         if output is not None:
             if ends_segment:
@@ -75,7 +75,7 @@ class BlockGraph:
             names=tuple(names),
             sizes=tuple(op.output_bytes for op in ops),
             times=tuple(op.time for op in ops),
-            producers=tuple(tuple(local[j] for j in op.inputs if j in local) for op in ops),
+            producers=tuple(producers for _, producers in flow),
             needed=frozenset(needed),
             keepable=frozenset(keepable),
             free=free,
@@ -130,6 +130,18 @@ class BlockGraph:
         names, size, _ = self.price(tagged)
         position = {n: i for i, n in enumerate(self.names)}
         return frozenset(position[n] for n in names), size
+
+
+def dataflow(
+    ops: Sequence[OpRecord], index_of: dict[int, int]
+) -> tuple[tuple[bool, tuple[int, ...]], ...]:
+    """Per op of a block: whether backward reads its output back, and the positions in the
+    block of the ops whose outputs it reads (``index_of``: id of a record -> its index in the
+    step's records)."""
+    local = {index_of[id(op)]: i for i, op in enumerate(ops)}
+    return tuple(
+        (op.saved_for_backward, tuple(local[j] for j in op.inputs if j in local)) for op in ops
+    )
 
 
 def compiled_options(
@@ -199,5 +211,6 @@ def compiled_menu(
 #     second MLP matmul's and score matmul's outputs are read by nothing in backward once the
 #     softmax is saved. Priced as eager mode keeps them, that option looked barely smaller than
 #     no checkpointing, and the solver checkpointed 7 blocks of 12 with the score matmul
-#     recomputed instead: 1.05 of the compiled step's time against compile's 1.02 at more
-#     memory. The same tags on every block ran at 0.99 within compile's peak.
+#     recomputed instead (x1.049 of the compiled unchecked step, compile's own point x0.995, in
+#     ``benchmarks/compile.py`` before this pricing). Those tags on every block, timed beside
+#     compile's point in one process, ran at x0.994 against its x1.020, within its peak.

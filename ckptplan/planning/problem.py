@@ -20,7 +20,7 @@ from dataclasses import replace
 from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError
 from ckptplan.options import SCOPES
-from ckptplan.planning.compiled_menus import compiled_menu
+from ckptplan.planning.compiled_menus import compiled_menu, dataflow
 from ckptplan.policy_types import Choice, OpCall, Policy
 from ckptplan.profile_types import (
     BlockProfile,
@@ -349,15 +349,11 @@ def region_policy(
     return Policy(tuple(calls[Choice.SAVE]), tuple(calls[Choice.OFFLOAD]))
 
 
-def _priced(
-    block: BlockProfile, ops: list[OpRecord], index_of: dict[int, int]
-) -> tuple[object, ...]:
+def _priced(block: BlockProfile, ops: list[OpRecord], dataflow: object) -> tuple[object, ...]:
     """Everything a block's menu is made of: blocks alike in it (repeated layers) share one.
-    The dataflow (inputs as offsets back from their reader) is part of a compiled menu."""
+    A compiled menu is made of the block's ``dataflow`` too."""
     return (
-        tuple(
-            (op.saved_for_backward, tuple(index_of[id(op)] - j for j in op.inputs)) for op in ops
-        ),
+        dataflow,
         block.class_name,
         block.output_bytes,
         *(
@@ -383,7 +379,8 @@ def selective_menus(profile: Profile, points: int = MENU_POINTS) -> list[list[Se
     cache: dict[tuple[object, ...], list[Selection]] = {}
     menus = []
     for block, ops in zip(profile.blocks, block_forward_ops(profile), strict=True):
-        signature = _priced(block, ops, index_of)
+        flow = dataflow(ops, index_of) if profile.settings.compiled else None
+        signature = _priced(block, ops, flow)
         if signature not in cache:
             cache[signature] = _menu(
                 block,
