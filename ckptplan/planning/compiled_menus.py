@@ -109,13 +109,13 @@ class BlockGraph:
     def peel(self) -> list[frozenset[int]]:
         """Tag sets from keeping every value backward reads to keeping none, each step
         untagging the op that frees the most bytes per second of rebuilding it adds."""
-        tagged, _ = self._reached(frozenset(self.keepable))
+        tagged = self._reached(frozenset(self.keepable))
         steps = [tagged]
         while tagged:
             _, size, time = self.price(tagged)
             best, best_gain = None, -1.0
             for i in sorted(tagged):
-                trial, _ = self._reached(tagged - {i})
+                trial = self._reached(tagged - {i})
                 _, trial_size, trial_time = self.price(trial)
                 gain = (size - trial_size) / max(trial_time - time, 1e-12)
                 if gain > best_gain:
@@ -125,11 +125,10 @@ class BlockGraph:
             steps.append(tagged)
         return steps
 
-    def _reached(self, tagged: frozenset[int]) -> tuple[frozenset[int], int]:
-        """``tagged`` less the ops backward never reaches, and the bytes kept."""
-        names, size, _ = self.price(tagged)
-        position = {n: i for i, n in enumerate(self.names)}
-        return frozenset(position[n] for n in names), size
+    def _reached(self, tagged: frozenset[int]) -> frozenset[int]:
+        """``tagged`` less the ops backward never reaches (and those kept anyway)."""
+        kept, _ = self.walk(tagged)
+        return frozenset((kept & tagged) - self.free)
 
 
 def dataflow(
