@@ -126,6 +126,27 @@ def test_inductor_makes_the_plans_partition_within_budget_with_eager_gradients(
     assert log.compiled_graphs == 1, "the planned model compiles once"
 
 
+def test_in_float64_the_compiled_plans_gradients_are_eagers_to_rounding(
+    model_and_batch: tuple[nn.Module, torch.Tensor],
+) -> None:
+    """In float32 inductor's own rounding is 1e-6 of the gradients, so a plan that recomputed
+    one dropout mask wrongly in a corner would hide under it; in float64 that rounding is near
+    1e-15, and the same plan, applied to a float64 copy, must land there with dropout on."""
+    model, batch = model_and_batch
+    plan = solve(model, batch, "80%")
+    assert plan.regions
+    reference = copy.deepcopy(model).double()
+    expected = gradients(reference, reference, batch.double())
+    planned = ckptplan.apply(copy.deepcopy(model), plan).double()
+    log = Partition()
+    got = gradients(CompiledModel(planned, inductor_backend(log)), planned, batch.double())
+    shapes = [[list(shape) for shape, _ in graph] for graph in log.saved]
+    planned_shapes = [[shape for shape, _ in g] for g in plan.predicted.compiled_partition["saved"]]
+    assert shapes == planned_shapes, "in float64 the partitioner keeps what the plan chose"
+    for name, grad in expected.items():
+        torch.testing.assert_close(got[name], grad, atol=1e-12, rtol=1e-10, msg=name)
+
+
 def test_a_tighter_budget_saves_less_in_the_compiled_partition(
     model_and_batch: tuple[nn.Module, torch.Tensor],
 ) -> None:
