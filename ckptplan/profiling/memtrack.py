@@ -169,10 +169,10 @@ class LiveStorageTracker(TorchDispatchMode):
         if self.workspaces is not None:
             inside = self.workspaces.peak_of(func, args, kwargs or {})
             if inside:
-                self._peak_at(before + inside)
+                self.peak_at(before + inside)
         return out
 
-    def _peak_at(self, live: int) -> None:
+    def peak_at(self, live: int) -> None:
         """A moment inside an op when ``live`` bytes were live (its own buffers included)."""
         self.peak = max(self.peak, live)
         activations = live - self.gradients
@@ -209,6 +209,9 @@ class LiveStorageTracker(TorchDispatchMode):
 
 
 _FUSED: ContextVar[bool] = ContextVar("ckptplan_fused", default=False)
+_COMPILED_STEP: ContextVar[CompiledStepTracker | None] = ContextVar(
+    "ckptplan_compiled_step", default=None
+)
 
 
 @contextlib.contextmanager
@@ -237,6 +240,19 @@ class CompiledStepTracker(LiveStorageTracker):
     def is_infra_mode(cls) -> bool:
         return True
 
+    def __enter__(self) -> CompiledStepTracker:
+        self._token = _COMPILED_STEP.set(self)
+        return super().__enter__()  # type: ignore[no-any-return]
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        _COMPILED_STEP.reset(self._token)
+
+    def storages_bytes(self, tensors: Iterable[Any]) -> int:
+        """Tracked bytes of the distinct storages of ``tensors``."""
+        keys = {storage_key(t) for t in tensors if isinstance(t, torch.Tensor)}
+        return sum(self.size_of(key) for key in keys)
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if _FUSED.get():
             return func(*args, **(kwargs or {}))
@@ -258,7 +274,13 @@ class CompiledStepTracker(LiveStorageTracker):
             return
         inside = self.workspaces.peak_of(args[index], args[index + 1 :], kwargs)
         if inside:
-            self._peak_at(before + inside)
+            self.peak_at(before + inside)
+
+
+def compiled_step_tracker() -> CompiledStepTracker | None:
+    """The ``CompiledStepTracker`` counting the step now running, if any: a compiled graph
+    runs below dispatch modes, so it reports its own buffers (``planning.inductor_memory``)."""
+    return _COMPILED_STEP.get()
 
 
 @contextlib.contextmanager
