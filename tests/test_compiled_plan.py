@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 import torch
@@ -18,11 +19,13 @@ from torch import nn
 from torch._inductor import config as inductor_config
 
 import ckptplan
+from ckptplan.loading import load_model_file
 from ckptplan.plan import Plan
 from ckptplan.planning.compiled import CompiledModel, Partition, inductor_backend
 from ckptplan.profiling.memtrack import storage_bytes
 from ckptplan.profiling.training import make_optimizer, persistent_tensors
 from ckptplan.verifying.allocmeter import allocator_peak
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
 
@@ -253,3 +256,39 @@ def test_the_compiled_fake_run_predicts_the_allocators_peak(
     measured, predicted = result.measured_peak_bytes, result.predicted_peak_bytes
     assert measured <= predicted * 1.001
     assert predicted <= measured * 1.03
+
+
+@pytest.mark.parametrize("regions", ["one over four blocks", "one per block"])
+def test_the_compiled_fake_run_holds_what_inductors_fused_recompute_holds(regions: str) -> None:
+    """Inductor fuses the recomputed residual adds of a selective region into one kernel at
+    their first use in backward, which writes out every block's residual at once; eager
+    kernels run op by op missed that: 5.3% and 6.5% over the allocator on these plans, and on
+    128x128 images up to 9% under. The fake run replays inductor's own allocation lines
+    (``planning.inductor_memory``)."""
+    from ckptplan.loading import LiveModel
+    from ckptplan.plan import Region
+    from ckptplan.policy_types import OpCall, Policy
+    from ckptplan.verifying.fakerun import compiled_fake_run
+
+    module = load_model_file(ROOT / "sample_models" / "vit.py").module
+    torch.manual_seed(0)
+    model = module.ViT(image_size=64, depth=4).train()
+    batch = {"images": torch.randn(16, 3, 64, 64), "labels": torch.randint(0, 100, (16,))}
+    plan = ckptplan.solve(model, batch, loss_fn=module.loss_fn, budget="90%", compiled=True)
+    keep = Policy(saves=(OpCall("aten.addmm.default"),))
+    blocks = tuple(f"blocks.{i}" for i in range(4))
+    chosen = (
+        (Region(blocks, policy=keep),)
+        if regions.startswith("one over")
+        else tuple(Region((b,), policy=keep) for b in blocks)
+    )
+    plan = replace(plan, regions=chosen)
+    predicted, _ = compiled_fake_run(LiveModel(model, batch, module.loss_fn), plan)
+    plan = replace(plan, predicted=replace(plan.predicted, fake_run_peak_bytes=predicted))
+    result = ckptplan.verify(model, plan, batch, loss_fn=module.loss_fn, run_on="cpu", repeats=1)
+    measured = result.measured_peak_bytes
+    assert result.grads_match
+    # Exact to a few bytes but for the patch embedding's convolution backward, whose own
+    # buffers are measured apart (``profiling.workspace``): within 0.2% there.
+    assert measured <= predicted * 1.003
+    assert predicted <= measured * 1.003

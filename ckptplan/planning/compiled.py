@@ -7,8 +7,9 @@ the partitioner follows the region's tags (a selective policy's ``MUST_SAVE`` op
 everything else is recomputed in backward, random ops replayed from a saved RNG state), and
 outside regions it makes its own choice. So a compiled plan's peak is taken from that partition,
 run on fake tensors: ``partitioning_backend`` is inductor's own decompositions and partitioner
-with eager kernels in place of inductor's code generation, which needs a compiler, real tensors
-and minutes. ``Partition`` records what was saved, so a test can hold the real inductor
+with eager kernels in place of inductor's compiled code, which needs a compiler, real tensors
+and minutes; what each graph holds is read from inductor's lowering (``inductor_memory``).
+``Partition`` records what was saved, so a test can hold the real inductor
 compilation to the same partition.
 
 Example:
@@ -31,7 +32,8 @@ from typing import Any
 import torch
 import torch.fx
 
-from ckptplan.profiling.memtrack import fused
+from ckptplan.planning.inductor_memory import GraphMemory, graph_memory
+from ckptplan.profiling.memtrack import CompiledStepTracker, compiled_step_tracker, fused
 
 
 @dataclass
@@ -88,13 +90,13 @@ def partitioning_backend(log: Partition) -> Callable[..., Any]:
     from torch._inductor.compile_fx import partition_fn, select_decomp_table
     from torch._inductor.virtualized import V
 
-    def forward(graph: torch.fx.GraphModule, _: Any) -> Any:
+    def forward(graph: torch.fx.GraphModule, example_inputs: Any) -> Any:
         log.compiled_graphs += 1
-        return _freeing(graph)
+        return _freeing(graph, graph_memory(graph, example_inputs, is_backward=False))
 
-    def backward(graph: torch.fx.GraphModule, _: Any) -> Any:
+    def backward(graph: torch.fx.GraphModule, example_inputs: Any) -> Any:
         log.note_backward(graph)
-        return _freeing(graph)
+        return _freeing(graph, graph_memory(graph, example_inputs, is_backward=True))
 
     def partition(graph: torch.fx.GraphModule, inputs: Any, **kwargs: Any) -> Any:
         # Inductor's own: its joint-graph passes (attention patterns fused back into one op,
@@ -117,17 +119,35 @@ def partitioning_backend(log: Partition) -> Callable[..., Any]:
     return backend
 
 
-def _freeing(graph: torch.fx.GraphModule) -> Callable[[list[Any]], Any]:
+def _freeing(graph: torch.fx.GraphModule, memory: GraphMemory | None) -> Callable[[list[Any]], Any]:
     """``graph`` run op by op, each value (the saved tensors among them) dropped after its last
     use, as inductor's code does: the boxed calling convention hands over the argument list,
     which the interpreter clears. A plain ``graph.forward`` would hold every saved tensor until
-    the backward graph ends. Values inductor would fuse away are not counted (``_Fusing``)."""
+    the backward graph ends.
+
+    What the graph holds while it runs is ``memory``, inductor's own memory lines replayed
+    (``inductor_memory``): the step's tracker is told its peak above what the caller holds,
+    with the buffers of the library kernels the graph calls on top, and counts the graph's
+    outputs once it returns. Where inductor could not lower the graph here, the
+    tracker counts the eager kernels' values instead, less those inductor fuses away."""
     interpreter = _Fusing(graph)
 
     def run(args: list[Any]) -> Any:
+        tracker = compiled_step_tracker()
         try:
-            return interpreter.boxed_run(args)
+            if memory is None or tracker is None:
+                return interpreter.boxed_run(args)
+            held = tracker.live - tracker.storages_bytes(args[i] for i in memory.freeable)
+            interpreter.noting = _Noting(tracker, held, memory)
+            with fused():
+                out = interpreter.boxed_run(args)
+            tracker.peak_at(held + memory.peak(tracker.block))
+            for leaf in torch.utils._pytree.tree_leaves(out):
+                if isinstance(leaf, torch.Tensor):
+                    tracker.count(leaf)
+            return out
         finally:
+            interpreter.noting = None
             # The interpreter keeps the output tuple in its environment until its next run:
             # the forward graph's outputs are the saved tensors, which would then outlive
             # their last use in backward (the fake run over-counted compiled peaks by up to 43%).
@@ -135,6 +155,29 @@ def _freeing(graph: torch.fx.GraphModule) -> Callable[[list[Any]], Any]:
 
     run._boxed_call = True  # type: ignore[attr-defined]
     return run
+
+
+@dataclass(frozen=True)
+class _Noting:
+    """A compiled graph's run that reports inductor's memory to the step's tracker."""
+
+    tracker: CompiledStepTracker
+    held: int
+    """Bytes the tracker counts that the graph does not free: its caller's."""
+    memory: GraphMemory
+
+    def library_call(self, op: Any, args: Any, kwargs: Any, node: str) -> None:
+        """The moment ``node``'s library kernel peaks: what inductor's code holds as it starts,
+        and the kernel's own buffers on top (``profiling.workspace``)."""
+        before = self.memory.live_before(node, self.tracker.block)
+        if before is None or self.tracker.workspaces is None:
+            return
+        if isinstance(op, torch._ops.HigherOrderOperator):  # a replayed random op
+            index = next((i for i, a in enumerate(args) if isinstance(a, torch._ops.OpOverload)))
+            op, args = args[index], args[index + 1 :]
+        inside = self.tracker.workspaces.peak_of(op, args, kwargs)
+        if inside:
+            self.tracker.peak_at(self.held + before + inside)
 
 
 class _Fusing(torch.fx.Interpreter):
@@ -149,6 +192,7 @@ class _Fusing(torch.fx.Interpreter):
         self.channels_last = GraphLowering.decide_layout_opt(graph, is_inference=False)
         self.copies: dict[int, torch.Tensor] = {}
         """id of a graph input -> its channels-last copy, which the graph outputs instead."""
+        self.noting: _Noting | None = None
 
     def run_node(self, n: torch.fx.Node) -> Any:
         if self.channels_last and n.target is torch.ops.aten.convolution.default:
@@ -158,6 +202,8 @@ class _Fusing(torch.fx.Interpreter):
             out = super().run_node(n)
             return torch.utils._pytree.tree_map(lambda v: copies.get(id(v), v), out)
         with self._traced_layouts(n):
+            if self.noting is not None and n.op == "call_function":
+                self.noting.library_call(n.target, *self.fetch_args_kwargs_from_env(n), n.name)
             if n not in self.fused:
                 return super().run_node(n)
             with fused():
