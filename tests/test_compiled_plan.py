@@ -283,7 +283,8 @@ def test_the_compiled_fake_run_holds_what_inductors_fused_recompute_holds(region
         else tuple(Region((b,), policy=keep) for b in blocks)
     )
     plan = replace(plan, regions=chosen)
-    predicted, _ = compiled_fake_run(LiveModel(model, batch, module.loss_fn), plan)
+    predicted, partition = compiled_fake_run(LiveModel(model, batch, module.loss_fn), plan)
+    assert partition.lowered_graphs == 2 * partition.graphs
     plan = replace(plan, predicted=replace(plan.predicted, fake_run_peak_bytes=predicted))
     result = ckptplan.verify(model, plan, batch, loss_fn=module.loss_fn, run_on="cpu", repeats=1)
     measured = result.measured_peak_bytes

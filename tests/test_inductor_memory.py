@@ -11,7 +11,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._inductor.compile_fx import select_decomp_table
 
-from ckptplan.planning.compiled import CompiledModel
+from ckptplan.planning.compiled import CompiledModel, Partition, partitioning_backend
 from ckptplan.planning.inductor_memory import GraphMemory, graph_memory
 
 N = 64
@@ -72,3 +72,10 @@ def test_rounding_to_blocks_counts_every_storage_whole() -> None:
 def test_a_graph_inductor_cannot_lower_gives_none() -> None:
     graph = torch.fx.symbolic_trace(lambda x: x + 1)
     assert graph_memory(graph, ["not a tensor"], is_backward=False) is None
+
+
+def test_the_compiled_fake_runs_backend_reads_every_graphs_memory_from_inductor() -> None:
+    log = Partition()
+    CompiledModel(TwoMatmuls(), partitioning_backend(log))(torch.randn(N, N)).sum().backward()
+    assert (log.graphs, log.lowered_graphs) == (1, 2), "forward and backward, both lowered"
+    assert log.to_json()["lowered_graphs"] == 2

@@ -47,6 +47,9 @@ class Partition:
     saved: list[list[tuple[tuple[int, ...], str]]] = field(default_factory=list)
     compiled_graphs: int = 0
     """Forward graphs compiled: one per dynamo graph, more after a recompilation."""
+    lowered_graphs: int = 0
+    """Graphs, forward and backward, whose memory was read from inductor's lowering
+    (``inductor_memory``); the others were counted op by op, as eager kernels run them."""
 
     @property
     def graphs(self) -> int:
@@ -62,6 +65,7 @@ class Partition:
     def to_json(self) -> dict[str, Any]:
         return {
             "graphs": self.graphs,
+            "lowered_graphs": self.lowered_graphs,
             "saved_bytes": self.saved_bytes,
             "saved": [[[list(shape), dtype] for shape, dtype in g] for g in self.saved],
         }
@@ -90,13 +94,18 @@ def partitioning_backend(log: Partition) -> Callable[..., Any]:
     from torch._inductor.compile_fx import partition_fn, select_decomp_table
     from torch._inductor.virtualized import V
 
+    def lowered(graph: torch.fx.GraphModule, example_inputs: Any, is_backward: bool) -> Any:
+        memory = graph_memory(graph, example_inputs, is_backward)
+        log.lowered_graphs += memory is not None
+        return _freeing(graph, memory)
+
     def forward(graph: torch.fx.GraphModule, example_inputs: Any) -> Any:
         log.compiled_graphs += 1
-        return _freeing(graph, graph_memory(graph, example_inputs, is_backward=False))
+        return lowered(graph, example_inputs, is_backward=False)
 
     def backward(graph: torch.fx.GraphModule, example_inputs: Any) -> Any:
         log.note_backward(graph)
-        return _freeing(graph, graph_memory(graph, example_inputs, is_backward=True))
+        return lowered(graph, example_inputs, is_backward=True)
 
     def partition(graph: torch.fx.GraphModule, inputs: Any, **kwargs: Any) -> Any:
         # Inductor's own: its joint-graph passes (attention patterns fused back into one op,
