@@ -146,7 +146,7 @@ def _freeing(graph: torch.fx.GraphModule, memory: GraphMemory | None) -> Callabl
         try:
             if memory is None or tracker is None:
                 return interpreter.boxed_run(args)
-            held = tracker.live - tracker.storages_bytes(args[i] for i in memory.freeable)
+            held = tracker.live - tracker.tracked_bytes(args[i] for i in memory.freeable)
             interpreter.noting = _Noting(tracker, held, memory)
             with fused():
                 out = interpreter.boxed_run(args)
@@ -178,14 +178,11 @@ class _Noting:
     def library_call(self, op: Any, args: Any, kwargs: Any, node: str) -> None:
         """The moment ``node``'s library kernel peaks: what inductor's code holds as it starts,
         and the kernel's own buffers on top (``profiling.workspace``)."""
-        before = self.memory.live_before(node, self.tracker.block)
-        if before is None or self.tracker.workspaces is None:
+        if node not in self.memory.library_calls:
             return
-        if isinstance(op, torch._ops.HigherOrderOperator):  # a replayed random op
-            index = next((i for i, a in enumerate(args) if isinstance(a, torch._ops.OpOverload)))
-            op, args = args[index], args[index + 1 :]
-        inside = self.tracker.workspaces.peak_of(op, args, kwargs)
-        if inside:
+        inside = self.tracker.workspace_of(op, args, kwargs)
+        before = self.memory.live_before(node, self.tracker.block)
+        if inside and before is not None:
             self.tracker.peak_at(self.held + before + inside)
 
 

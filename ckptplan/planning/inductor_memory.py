@@ -32,6 +32,8 @@ from unittest import mock
 import torch
 import torch.fx
 
+from ckptplan.profiling.memtrack import storage_key
+
 
 @dataclass(frozen=True)
 class GraphMemory:
@@ -133,7 +135,7 @@ def _replayed(lines: Sequence[Any], names: Sequence[str], inputs: Sequence[Any])
     for position, (name, value) in enumerate(zip(names, inputs, strict=True)):
         if not isinstance(value, torch.Tensor):
             continue
-        key = value.untyped_storage()._cdata
+        key = storage_key(value)
         if key in seen:
             storages.alias(name, seen[key])
             continue

@@ -248,7 +248,7 @@ class CompiledStepTracker(LiveStorageTracker):
         super().__exit__(*exc)
         _COMPILED_STEP.reset(self._token)
 
-    def storages_bytes(self, tensors: Iterable[Any]) -> int:
+    def tracked_bytes(self, tensors: Iterable[Any]) -> int:
         """Tracked bytes of the distinct storages of ``tensors``."""
         keys = {storage_key(t) for t in tensors if isinstance(t, torch.Tensor)}
         return sum(self.size_of(key) for key in keys)
@@ -264,17 +264,23 @@ class CompiledStepTracker(LiveStorageTracker):
         for leaf in pytree.tree_leaves(out):
             if isinstance(leaf, torch.Tensor):
                 self.count(leaf)
-        self._inner_workspace(args, kwargs or {}, before)
-        return out
-
-    def _inner_workspace(self, args: Any, kwargs: Any, before: int) -> None:
-        """The buffers of the op a higher-order op runs (dropout's mask, replayed)."""
-        index = next((i for i, a in enumerate(args) if isinstance(a, torch._ops.OpOverload)), None)
-        if self.workspaces is None or index is None:
-            return
-        inside = self.workspaces.peak_of(args[index], args[index + 1 :], kwargs)
+        inside = self.workspace_of(func, args, kwargs or {})
         if inside:
             self.peak_at(before + inside)
+        return out
+
+    def workspace_of(self, func: Any, args: Any, kwargs: Any) -> int:
+        """Bytes ``func`` holds above its start at its peak, outputs and own buffers together
+        (``workspace.Workspaces``); a higher-order op's are those of the op it runs (dropout's
+        mask, replayed). 0 where no workspaces are measured."""
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            index = next(
+                (i for i, a in enumerate(args) if isinstance(a, torch._ops.OpOverload)), None
+            )
+            if index is None:
+                return 0
+            func, args = args[index], args[index + 1 :]
+        return 0 if self.workspaces is None else self.workspaces.peak_of(func, args, kwargs)
 
 
 def compiled_step_tracker() -> CompiledStepTracker | None:
