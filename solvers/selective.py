@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -141,6 +142,52 @@ def _pareto(
     if last is not None:
         kept[last] = points[last]
     return kept
+
+
+@dataclass(frozen=True)
+class Combination:
+    """One option per menu (``choice[i]`` indexes menu ``i``), their bytes and time summed."""
+
+    choice: tuple[int, ...]
+    kept_bytes: int
+    recompute_time: float
+
+
+def combinations(menus: Sequence[Sequence[Selection]], max_points: int = 4096) -> list[Combination]:
+    """The Pareto frontier of taking one option from every menu (a multiple-choice knapsack),
+    bytes rising and time falling. Beyond ``max_points`` sums, bytes are bucketed upward
+    (a sum is never understated) so each step holds at most ``max_points`` points. Of equal
+    sums, the one keeping more in later menus is taken: in a chain, a later block's backward
+    runs nearer the step's peak, where what it keeps spares rebuilding.
+
+    Example: two blocks, each keeping nothing (10 s) or 4 bytes (1 s) or 8 bytes (0 s).
+
+        >>> menu = [Selection((), 0, 10.0), Selection(("a",), 4, 1.0), Selection(("b",), 8, 0.0)]
+        >>> [(c.choice, c.kept_bytes) for c in combinations([menu, menu])]
+        [((0, 0), 0), ((0, 1), 4), ((1, 1), 8), ((1, 2), 12), ((2, 2), 16)]
+        >>> [c.recompute_time for c in combinations([menu, menu])]
+        [20.0, 11.0, 2.0, 1.0, 0.0]
+    """
+    widest = sum(max((o.kept_bytes for o in menu), default=0) for menu in menus)
+    quantum = max(1, -(-widest // max_points))
+    points: dict[int, Combination] = {0: Combination((), 0, 0.0)}
+    for menu in menus:
+        grown: dict[int, Combination] = {}
+        for point in points.values():
+            for i, option in enumerate(menu):
+                size = point.kept_bytes + option.kept_bytes
+                bucket = -(-size // quantum)
+                time = point.recompute_time + option.recompute_time
+                held = grown.get(bucket)
+                if held is None or time < held.recompute_time:
+                    grown[bucket] = Combination((*point.choice, i), size, time)
+        points = {}
+        best = math.inf
+        for bucket in sorted(grown):
+            if grown[bucket].recompute_time < best:
+                points[bucket] = grown[bucket]
+                best = grown[bucket].recompute_time
+    return [points[bucket] for bucket in sorted(points)]
 
 
 def thin(points: Sequence[T], max_points: int) -> list[T]:

@@ -293,3 +293,50 @@ def test_the_compiled_fake_run_holds_what_inductors_fused_recompute_holds(region
     # buffers are measured apart (``profiling.workspace``): within 0.2% there.
     assert measured <= predicted * 1.003
     assert predicted <= measured * 1.003
+
+
+def test_a_joined_region_runs_under_inductor_as_its_fake_run_said() -> None:
+    """Below the peak of one-block regions the ViT's blocks join in one region, which keeps
+    no block input (``planning.joined``): inductor makes the partition the plan recorded,
+    compiles once in twelve steps, holds the fake run's peak to a few bytes (the patch
+    embedding's convolution aside) within budget, with eager's gradients."""
+    module = load_model_file(ROOT / "sample_models" / "vit.py").module
+    torch.manual_seed(0)
+    model = module.ViT(image_size=128, depth=4).train()
+    batch = {"images": torch.randn(32, 3, 128, 128), "labels": torch.randint(0, 100, (32,))}
+    plan = ckptplan.solve(model, batch, loss_fn=module.loss_fn, budget="75%", compiled=True)
+    assert [len(region.modules) for region in plan.regions] == [4]
+    assert plan.regions[0].policy is not None
+    expected = gradients_of(model, model, batch, module.loss_fn)
+    planned = ckptplan.apply(copy.deepcopy(model), plan)
+    log = Partition()
+    compiled = CompiledModel(planned, inductor_backend(log))
+    got = gradients_of(compiled, planned, batch, module.loss_fn)
+    assert log.to_json()["saved"] == plan.predicted.compiled_partition["saved"]
+    for name, grad in expected.items():
+        torch.testing.assert_close(got[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    optimizer = make_optimizer("adamw", planned)
+
+    def step() -> None:
+        module.loss_fn(compiled(**batch)).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for _ in range(11):
+        step()
+    persistent = storage_bytes(persistent_tensors(planned, optimizer, batch))
+    measured = persistent + allocator_peak(step, planned).step
+    predicted = plan.predicted.fake_run_peak_bytes
+    assert measured <= plan.budget.bytes
+    assert predicted * 0.997 <= measured <= predicted * 1.003
+    assert log.compiled_graphs == 1, "the planned model compiles once"
+
+
+def gradients_of(
+    model: nn.Module, owner: nn.Module, batch: dict[str, torch.Tensor], loss: object
+) -> dict[str, torch.Tensor]:
+    torch.manual_seed(7)
+    loss(model(**batch)).backward()  # type: ignore[operator]
+    grads = {n: p.grad.clone() for n, p in owner.named_parameters()}
+    owner.zero_grad(set_to_none=True)
+    return grads

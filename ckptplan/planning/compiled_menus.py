@@ -181,16 +181,18 @@ def compiled_menu(
     tail: Iterable[str],
     seeds: Iterable[Sequence[str]],
     points: int,
+    joined: bool = False,
 ) -> list[Selection]:
     """A block's menu under compile, for both places a block takes in a chain (ending its
     segment, or inside one): the ``seeds`` (the eager menu's saved ops) and the greedy peel's
     options, repriced; ``output`` names the op making the block's output, if any, and ``tail``
-    the ops past the block's last save."""
+    the ops past the block's last save. ``joined``: only the options of a block inside a
+    region, priced by what they rebuild alone (``ckptplan.planning.joined``)."""
     position = {n: i for i, n in enumerate(names)}
-    tail_ops = frozenset(position[n] for n in tail)
+    tail_ops = frozenset() if joined else frozenset(position[n] for n in tail)
     tag_sets = [frozenset(position[n] for n in saved) for saved in seeds]
     options: dict[tuple[str, ...], Selection] = {}
-    for ends in (True, False):
+    for ends in (False,) if joined else (True, False):
         graph = BlockGraph.of(
             ops,
             names,

@@ -255,6 +255,7 @@ def _menu(
     policy_op_time: float,
     compiled: bool = False,
     index_of: dict[int, int] | None = None,
+    joined: bool = False,
 ) -> list[Selection]:
     """One block's options, each thinned to ``points``, sizes always counting every op kept.
     A compiled block with random ops has none (Note [selective options under torch.compile]);
@@ -271,8 +272,8 @@ def _menu(
     """
     if compiled and any(op.random for op in ops):
         return []
+    name = _output_op(block, ops)
     if compiled:
-        name = _output_op(block, ops)
         return compiled_menu(
             ops,
             op_names(ops),
@@ -282,8 +283,8 @@ def _menu(
             tail=_unreplayed(ops),
             seeds=[s.saved for s in frontier(save_items(ops), 4 * points, MENU_TOLERANCE)],
             points=points,
+            joined=joined,
         )
-    name = _output_op(block, ops)
     unreplayed = _unreplayed(ops)
     skipped = sum(op.time for op in unreplayed.values())
     policy = 2 * len(ops) * policy_op_time
@@ -371,9 +372,12 @@ def _priced(block: BlockProfile, ops: list[OpRecord], dataflow: object) -> tuple
     )
 
 
-def selective_menus(profile: Profile, points: int = MENU_POINTS) -> list[list[Selection]]:
+def selective_menus(
+    profile: Profile, points: int = MENU_POINTS, joined: bool = False
+) -> list[list[Selection]]:
     """Per block, the selective options worth offering (keeping and offloading nothing is plain
-    checkpoint). Offload is priced by the host link of the profile's ``--device``."""
+    checkpoint). Offload is priced by the host link of the profile's ``--device``; ``joined``
+    (a compiled step): the options of blocks inside a region, as ``compiled_menu`` says."""
     device = get_device(profile.settings.device, profile.settings.compiled)
     index_of = {id(op): i for i, op in enumerate(profile.ops)}
     cache: dict[tuple[object, ...], list[Selection]] = {}
@@ -390,6 +394,7 @@ def selective_menus(profile: Profile, points: int = MENU_POINTS) -> list[list[Se
                 profile.policy_op_time,
                 compiled=profile.settings.compiled,
                 index_of=index_of,
+                joined=joined,
             )
         menus.append(cache[signature])
     return menus

@@ -14,12 +14,14 @@ from ckptplan.errors import BelowLeastPeak, CkptplanError, option
 from ckptplan.loading import Workload
 from ckptplan.options import Parallel
 from ckptplan.plan import Plan
+from ckptplan.planning.joined import fastest_fitting, joined_runs
+from ckptplan.planning.problem import selective_menus, to_chain
 from ckptplan.planning.schedule_plan import plan_from_schedule
 from ckptplan.profile_types import Profile
 from ckptplan.progress import QUIET, Progress
 from ckptplan.solvers import SolverOptions, run_solver
-from ckptplan.solvers.chain import Chain, InfeasibleBudget, Schedule
-from ckptplan.solvers.selective import Selection
+from ckptplan.solvers.chain import Chain, InfeasibleBudget, Schedule, simulate
+from ckptplan.solvers.selective import Selection, combinations
 from ckptplan.verifying.fakerun import compiled_fake_run, fake_run_peak
 
 FAKE_RUN_TRIES = 4
@@ -94,7 +96,9 @@ class Search:
             plan, confirmed = self._confirmed(plan)
             if confirmed <= self.aim:
                 if solver in ("dp", "auto") and self.prof.settings.compiled:
-                    return self._relaxed(solver, target, plan, confirmed)
+                    plan, confirmed = self._relaxed(solver, target, plan, confirmed)
+                if solver == "auto" and self.prof.settings.compiled:
+                    return self._joined(plan, confirmed)
                 return plan, confirmed
             if solver not in ("dp", "auto"):
                 break
@@ -121,6 +125,38 @@ class Search:
             if looser.predicted.recompute_time_s < plan.predicted.recompute_time_s:
                 plan, confirmed = looser, peak
         return plan, confirmed
+
+    def _joined(self, plan: Plan, confirmed: int) -> tuple[Plan, int]:
+        """``plan``, or the fastest joined plan (``ckptplan.planning.joined``) whose fake run
+        fits the aim, where one is predicted to recompute less: only the combinations of
+        block options predicted faster than ``plan`` are searched."""
+        menus = selective_menus(self.prof, joined=True)
+        joined = replace(self, chain=to_chain(self.prof, self.scope, menus), menus=menus)
+        runs = joined_runs(joined.chain, menus)
+        if not runs:
+            return plan, confirmed
+        blocks = [b for start, end in runs for b in range(start, end)]
+        front = combinations([menus[b] for b in blocks])
+
+        def joined_plan(index: int) -> Plan:
+            return joined._joined_plan(runs, dict(zip(blocks, front[index].choice, strict=True)))
+
+        # The chain prices a combination at its options' sum plus what it adds the same way
+        # for every combination (the blocks outside runs, the segment's tail).
+        constant = joined_plan(0).predicted.recompute_time_s - front[0].recompute_time
+        faster = [c.recompute_time + constant < plan.predicted.recompute_time_s for c in front]
+        if True not in faster:
+            return plan, confirmed
+        front = front[faster.index(True) :]
+        best = fastest_fitting(front, self.aim, lambda i: self._fake_run(joined_plan(i)))
+        return (plan, confirmed) if best is None else joined._confirmed(joined_plan(best))
+
+    def _joined_plan(self, runs: list[tuple[int, int]], choice: dict[int, int]) -> Plan:
+        """One region over each run with ``choice``'s options; every other block alone."""
+        covered = {b for start, end in runs for b in range(start, end)}
+        alone = [(b, b + 1) for b in range(len(self.chain.blocks)) if b not in covered]
+        segments = sorted([*runs, *alone])
+        return self._plan(simulate(self.chain, segments, "auto", sorted(choice.items())))
 
     def _fake_run(self, plan: Plan) -> int:
         key = json.dumps([region.to_json() for region in plan.regions])
