@@ -94,6 +94,7 @@ def fastest_fitting(
 #     Merging those regions as they were chosen ran slower (x1.064): options chosen to end a
 #     segment keep the first MLP matmul and not the second, and inside one region each block's
 #     output then costs the second matmul again. Options priced inside a region keep what
-#     compile keeps, in other tensors of the same sizes: at that point the joined plan peaked
-#     at 280,836,544 B against compile's 286,706,368 B (the fake run 4 B under the allocator)
-#     and ran x0.992 of its time (``benchmarks/compile.py``).
+#     compile keeps, in other tensors of the same sizes: at that point the joined plans peaked
+#     at 280,836,544 B and 283,523,680 B against compile's 286,706,368 B (their fake runs 4 B
+#     under the allocator) and tied its time, x0.992 and x1.001 in two runs of
+#     ``benchmarks/compile.py``.
