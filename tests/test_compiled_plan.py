@@ -340,3 +340,39 @@ def gradients_of(
     grads = {n: p.grad.clone() for n, p in owner.named_parameters()}
     owner.zero_grad(set_to_none=True)
     return grads
+
+
+def test_the_compiled_fake_run_counts_flash_attentions_own_buffers() -> None:
+    """Hugging Face's ViT with its library's defaults (no dropout, SDPA attention), one region
+    over its layers keeping the attention outputs and residuals: the step peaks inside flash
+    attention's CPU backward, which zeroes its gradients and per-thread buffers inside the
+    kernel. The fake run was 2.1% under the allocator there, and such a plan over budget."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    from ckptplan.loading import LiveModel
+    from ckptplan.plan import Region
+    from ckptplan.policy_types import OpCall, Policy
+    from ckptplan.verifying.fakerun import compiled_fake_run
+
+    config = ViTConfig(
+        image_size=64, patch_size=8, hidden_size=64, num_hidden_layers=4,
+        num_attention_heads=4, intermediate_size=256, num_labels=10,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = ViTForImageClassification(config).train()
+    batch = {"pixel_values": torch.randn(32, 3, 64, 64), "labels": torch.randint(0, 10, (32,))}
+
+    def loss(output: object) -> torch.Tensor:
+        return output.loss  # type: ignore[attr-defined]
+
+    plan = ckptplan.solve(model, batch, loss_fn=loss, budget="90%", compiled=True)
+    saves = ["aten._scaled_dot_product_flash_attention_for_cpu.default", "aten.add.Tensor"]
+    layers = tuple(f"vit.layers.{i}" for i in range(4))
+    region = Region(layers, policy=Policy(saves=tuple(OpCall(op) for op in saves)))
+    plan = replace(plan, regions=(region,))
+    predicted, _ = compiled_fake_run(LiveModel(model, batch, loss), plan)
+    plan = replace(plan, predicted=replace(plan.predicted, fake_run_peak_bytes=predicted))
+    result = ckptplan.verify(model, plan, batch, loss_fn=loss, run_on="cpu", repeats=1)
+    assert result.grads_match
+    measured = result.measured_peak_bytes
+    assert predicted * 0.997 <= measured <= predicted * 1.003
