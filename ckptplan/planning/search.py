@@ -21,7 +21,7 @@ from ckptplan.profile_types import Profile
 from ckptplan.progress import QUIET, Progress
 from ckptplan.solvers import SolverOptions, run_solver
 from ckptplan.solvers.chain import Chain, InfeasibleBudget, Schedule, simulate
-from ckptplan.solvers.selective import Selection, combinations
+from ckptplan.solvers.selective import Combination, Selection, combinations
 from ckptplan.verifying.fakerun import compiled_fake_run, fake_run_peak
 
 FAKE_RUN_TRIES = 4
@@ -138,18 +138,22 @@ class Search:
         blocks = [b for start, end in runs for b in range(start, end)]
         front = combinations([menus[b] for b in blocks])
 
-        def joined_plan(index: int) -> Plan:
-            return joined._joined_plan(runs, dict(zip(blocks, front[index].choice, strict=True)))
+        def joined_plan(point: Combination) -> Plan:
+            return joined._joined_plan(runs, dict(zip(blocks, point.choice, strict=True)))
 
         # The chain prices a combination at its options' sum plus what it adds the same way
         # for every combination (the blocks outside runs, the segment's tail).
-        constant = joined_plan(0).predicted.recompute_time_s - front[0].recompute_time
-        faster = [c.recompute_time + constant < plan.predicted.recompute_time_s for c in front]
-        if True not in faster:
+        constant = joined_plan(front[0]).predicted.recompute_time_s - front[0].recompute_time
+        bound = plan.predicted.recompute_time_s - constant
+        candidates = [point for point in front if point.recompute_time < bound]
+        if not candidates:
             return plan, confirmed
-        front = front[faster.index(True) :]
-        best = fastest_fitting(front, self.aim, lambda i: self._fake_run(joined_plan(i)))
-        return (plan, confirmed) if best is None else joined._confirmed(joined_plan(best))
+        best = fastest_fitting(
+            candidates, self.aim, lambda i: joined._fake_run(joined_plan(candidates[i]))
+        )
+        if best is None:
+            return plan, confirmed
+        return joined._confirmed(joined_plan(candidates[best]))
 
     def _joined_plan(self, runs: list[tuple[int, int]], choice: dict[int, int]) -> Plan:
         """One region over each run with ``choice``'s options; every other block alone."""
