@@ -2,6 +2,15 @@
 
 A plan is self-contained: ``ckptplan show plan.json`` needs no model, and ``apply`` checks the
 fingerprint before it wraps anything.
+
+A region names its members by module path (``modules``) and, for a module that runs several
+times in one forward (ALBERT's shared layer, a backbone run on two views), which call of it
+(``calls``, parallel to ``modules``, counted from 0 within one forward of the model)::
+
+    {"modules": ["albert.encoder.albert_layer_groups.0"], "calls": [3]}
+
+A region without ``calls`` (every plan written before calls were planned), or a member whose
+call is null, means that module's only call of the step.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from ckptplan.plan_fields import known_fields, value_from_json
 from ckptplan.policy_types import Policy
 from ckptplan.prediction import Prediction, StagePrediction
 from ckptplan.profile_types import Settings
+from ckptplan.unit_names import split_unit, unit_name
 
 SCHEMA = "ckptplan.plan/1"
 
@@ -30,9 +40,34 @@ class Region:
     policy: Policy | None = None
     """Which op outputs the region keeps or offloads (selective checkpointing); None keeps
     only its inputs."""
+    calls: tuple[int | None, ...] = ()
+    """Which call of each member the region checkpoints, parallel to ``modules`` (see the
+    module docstring); empty when every member runs once per forward."""
+
+    @property
+    def units(self) -> tuple[str, ...]:
+        """The members' unit names (``ckptplan.unit_names``): paths, with the call where set."""
+        calls = self.calls or (None,) * len(self.modules)
+        return tuple(unit_name(m, c) for m, c in zip(self.modules, calls, strict=True))
+
+    @staticmethod
+    def of_units(
+        units: tuple[str, ...], children: tuple[Region, ...] = (), policy: Policy | None = None
+    ) -> Region:
+        """The region of these units (profile block names), calls split off their paths."""
+        split = [split_unit(u) for u in units]
+        calls = tuple(call for _, call in split)
+        return Region(
+            modules=tuple(path for path, _ in split),
+            children=children,
+            policy=policy,
+            calls=calls if any(call is not None for call in calls) else (),
+        )
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"modules": list(self.modules)}
+        if self.calls:
+            out["calls"] = list(self.calls)
         if self.children:
             out["children"] = [c.to_json() for c in self.children]
         if self.policy is not None:
@@ -42,11 +77,18 @@ class Region:
     @staticmethod
     def from_json(data: dict[str, Any]) -> Region:
         modules = tuple(data["modules"])
+        calls = tuple(data.get("calls", ()))
+        if calls and (
+            len(calls) != len(modules)
+            or not all(c is None or (type(c) is int and c >= 0) for c in calls)
+        ):
+            raise ValueError(f"region {'+'.join(modules)} has calls {list(calls)}")
         policy = data.get("policy")
         return Region(
             modules=modules,
             children=tuple(Region.from_json(c) for c in data.get("children", ())),
             policy=Policy.from_json(policy, "+".join(modules)) if policy else None,
+            calls=calls,
         )
 
 
