@@ -26,6 +26,8 @@ Example:
 from __future__ import annotations
 
 import functools
+import random
+import sys
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
@@ -36,13 +38,33 @@ R = TypeVar("R")
 
 
 def keeps_random_state(function: Callable[P, R]) -> Callable[P, R]:
-    """``function``, run under a fork of the CPU's and the initialised CUDA devices' RNGs."""
+    """``function``, run under a fork of the CPU's and the initialised CUDA devices' RNGs, and
+    of Python's and (if imported) NumPy's global generators, which ``seed_all`` seeds too."""
 
     @functools.wraps(function)
     def forked(*args: P.args, **kwargs: P.kwargs) -> R:
         cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
         devices = list(range(torch.cuda.device_count())) if cuda else []
-        with torch.random.fork_rng(devices=devices):
-            return function(*args, **kwargs)
+        python = random.getstate()
+        numpy = sys.modules.get("numpy")
+        numpy_state = numpy.random.get_state() if numpy is not None else None
+        try:
+            with torch.random.fork_rng(devices=devices):
+                return function(*args, **kwargs)
+        finally:
+            random.setstate(python)
+            if numpy is not None:
+                numpy.random.set_state(numpy_state)
 
     return forked
+
+
+def seed_all(seed: int) -> None:
+    """Seed torch's, Python's and (if imported) NumPy's global generators: a model may draw
+    from any of them in its forward (wav2vec 2.0's SpecAugment masks are drawn with NumPy), and
+    two runs compared step for step must draw alike."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed(seed)

@@ -39,6 +39,7 @@ from ckptplan.loading import Workload, build_fake, describe_exception
 from ckptplan.profile_types import Profile, Settings
 from ckptplan.profiling.assembly import assemble
 from ckptplan.profiling.costs import OpRecorder
+from ckptplan.profiling.everyblock import EveryBlockRuns
 from ckptplan.profiling.fakepaths import real_step_paths
 from ckptplan.profiling.gpukernels import GpuAttention
 from ckptplan.profiling.memtrack import storage_bytes
@@ -136,6 +137,7 @@ def _profile_step(
         inputs = model_file.inputs(settings.batch_size)
         model, inputs, notes = _prepared(model, inputs, dtype)
         paths.enter_context(real_step_paths(inputs))
+        every_block = paths.enter_context(EveryBlockRuns())
         if device.host_bandwidth and not real:  # a GPU's attention kernels (see gpukernels)
             paths.enter_context(GpuAttention())
         optimizer = make_optimizer(settings.optimizer, model)
@@ -156,9 +158,8 @@ def _profile_step(
                         model_file, model, inputs, optimizer, blocks, runs, step, settings
                     )
                     if replicated_profile is not None:
-                        return replace(
-                            replicated_profile, notes=(*notes, *replicated_profile.notes)
-                        )
+                        notes = (*notes, *replicated_profile.notes, *_drawn(every_block))
+                        return replace(replicated_profile, notes=notes)
                     notes = (*notes, note)
             recorder, ops, nograd, persistent_bytes = step(settings.autocast, blocks)
         except CkptplanError:
@@ -184,7 +185,11 @@ def _profile_step(
         optimizer,
         policy_op_time,
     )
-    return replace(profile, notes=notes)
+    return replace(profile, notes=(*notes, *_drawn(every_block)))
+
+
+def _drawn(every_block: EveryBlockRuns) -> tuple[str, ...]:
+    return (EveryBlockRuns.NOTE,) if every_block.draws else ()
 
 
 def _replicated(

@@ -20,6 +20,7 @@ from torch.utils.module_tracker import ModuleTracker
 from ckptplan.phase import Direction, Phase
 from ckptplan.profiling.costs import OpRecorder
 from ckptplan.profiling.enclosures import EnclosureRecorder
+from ckptplan.profiling.everyblock import host_random_state
 from ckptplan.profiling.memtrack import LiveStorageTracker, storage_bytes, storage_key
 from ckptplan.profiling.training import first_tensor
 
@@ -126,6 +127,8 @@ class StepRecorder:
         self.extra_inputs: dict[int, int] = {}
         """Storage key -> the last block that took it as an argument beyond its first."""
         self._previous: tuple[torch.Tensor | None, Any] = (None, None)
+        self._gap_state: tuple[int, int] | None = None
+        """``_state()`` when the last block returned (see ``_state``)."""
         self.phase = Phase.start()
         """The phase running now."""
 
@@ -143,6 +146,17 @@ class StepRecorder:
         self.tracker.mark(phase.label)
         if self.costs is not None:
             self.costs.phase = phase.label
+
+    def _state(self) -> tuple[int, int]:
+        """The ops dispatched so far and a digest of the host's random generators.
+
+        Note [joining blocks]: a region of several blocks runs them back to back from the
+        first one's call, so it may join a block to the one before only if nothing runs
+        between them: no op (a LayerDrop draw, ``torch.rand([]) < p``, or any other code whose
+        order the region would change) and no draw from Python's or NumPy's generators (a
+        LayerDrop written with ``random.random()``). Anything between keeps them apart.
+        """
+        return self.tracker.ops, host_random_state()
 
     def _grad_bytes(self) -> int:
         return storage_bytes(p.grad for p in self.params if p.grad is not None)
@@ -182,6 +196,7 @@ class StepRecorder:
             call.gap_before = index > 0 and not follows
             call.joins_previous = (
                 follows
+                and self._gap_state == self._state()
                 and _same_arguments(rest, previous_rest)
                 and _parent(self.blocks[index][0]) == _parent(self.blocks[index - 1][0])
             )
@@ -215,5 +230,6 @@ class StepRecorder:
             else:
                 self._previous = (out, self._previous[1])
                 self.mark(Phase.gap(Direction.FORWARD, index))
+            self._gap_state = self._state()
 
         return hook

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ckptplan.devices import Device
+from ckptplan.errors import CkptplanError
 from ckptplan.loading import Workload, call_model
 from ckptplan.phase import Direction, Phase
 from ckptplan.profiling.costs import OpRecorder
@@ -39,8 +40,22 @@ def traced(
     persistent = persistent_tensors(model, optimizer, inputs)
     ops = OpRecorder(device, QuietModuleTracker())
     recorder = instrumented_step(model_file, model, inputs, optimizer, blocks, ops, autocast)
+    _every_block_ran(recorder)
     nograd = _nograd_transients(model, inputs, blocks, persistent, autocast, device)
     return recorder, ops, nograd, storage_bytes(persistent)
+
+
+def _every_block_ran(recorder: StepRecorder) -> None:
+    """Refuse a step that skipped a block the step before ran: the model skips blocks at
+    random with a generator the profile cannot answer (``profiling.everyblock`` answers torch's
+    scalar draws only), so no one step shows them all."""
+    for (path, _), call in zip(recorder.blocks, recorder.calls, strict=True):
+        if not call.calls:
+            raise CkptplanError(
+                f"{path} ran in one profiled step and not in the next: the model skips blocks "
+                "at random with Python's or NumPy's generator; draw with torch.rand, or turn "
+                "the skipping off while planning"
+            )
 
 
 def _tracker(persistent: list[torch.Tensor], device: Device) -> LiveStorageTracker:
@@ -136,6 +151,7 @@ def _nograd_transients(
         stack.enter_context(tracker)
         recorder.mark(Phase.pre(Direction.FORWARD))
         call_model(model, inputs)
+    _every_block_ran(recorder)
     phases = {Phase.parse(p.label): p for p in tracker.phases}
     return [
         phases[Phase.forward(i)].peak - phases[Phase.forward(i)].start for i in range(len(blocks))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -193,3 +193,33 @@ def training_conventions(model: torch.nn.Module, inputs: Any = None) -> tuple[An
         inputs = {**inputs, "use_cache": False}
     notes = ("the key/value cache (use_cache) is off, as in training",) if cached or asked else ()
     return inputs, notes
+
+
+_LAYERDROP = ("layerdrop", "encoder_layerdrop", "decoder_layerdrop")
+
+
+@contextmanager
+def every_layer_runs(model: torch.nn.Module) -> Iterator[None]:
+    """LayerDrop off while active, on the modules and configs of ``model`` that set it.
+
+    A plan is priced for the step in which every layer runs (``profiling.everyblock``), so a
+    step measured against it must run every layer too. Hugging Face models read the
+    probability from their config (wav2vec 2.0) or copy it onto the module (BART's
+    ``self.layerdrop``); both are set to 0 here and put back on exit. A measured step cannot
+    answer the draws themselves as the fake step does: a Python dispatch mode changes how
+    autograd accumulates gradients, and so the allocator's peak.
+    """
+    owners = {id(o): o for m in model.modules() for o in (m, getattr(m, "config", None))}
+    changed = [
+        (owner, name, getattr(owner, name))
+        for owner in owners.values()
+        for name in _LAYERDROP
+        if isinstance(getattr(owner, name, None), float) and getattr(owner, name) > 0
+    ]
+    try:
+        for owner, name, _ in changed:
+            setattr(owner, name, 0.0)
+        yield
+    finally:
+        for owner, name, value in changed:
+            setattr(owner, name, value)

@@ -16,6 +16,7 @@ from ckptplan.errors import CkptplanError, raised_by_ckptplan
 from ckptplan.loading import Workload, build_fake
 from ckptplan.plan import Plan
 from ckptplan.planning.compiled import CompiledModel, Partition, partitioning_backend
+from ckptplan.profiling.everyblock import EveryBlockRuns
 from ckptplan.profiling.fakepaths import real_step_paths
 from ckptplan.profiling.gpukernels import GpuAttention
 from ckptplan.profiling.memtrack import CompiledStepTracker, LiveStorageTracker
@@ -87,7 +88,9 @@ def _checkpointed_step_peak(
         target = get_device(settings.device)
         host = not target.host_bandwidth
         kernels = GpuAttention() if not host and not real else nullcontext()
-        with real_step_paths(inputs, compiled is not None), kernels:
+        # torch.compile runs no frame under a dispatch mode: a compiled step draws as it does.
+        every_block = EveryBlockRuns() if compiled is None else nullcontext()
+        with real_step_paths(inputs, compiled is not None), kernels, every_block:
             scope = settings.scope
             if real:  # a real step here: the allocator's own figure, as verify takes it
                 return measured_peak(model_file, run, torch.device("cpu"), scope)[0]

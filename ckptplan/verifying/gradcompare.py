@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from ckptplan.callerstate import seed_all
 from ckptplan.loading import Workload, call_model
 from ckptplan.profiling.training import autocast_context, input_tensors
 
@@ -16,7 +17,7 @@ def seeded_grads(
 ) -> dict[str, torch.Tensor]:
     """The parameters' gradients of one seeded forward and backward, by name; the model's own
     gradients are dropped again."""
-    torch.manual_seed(1234)
+    seed_all(1234)
     model.zero_grad(set_to_none=True)
     with autocast_context(autocast, next(input_tensors(inputs)).device.type):
         loss = model_file.loss(call_model(model, inputs))

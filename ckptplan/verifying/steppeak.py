@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ckptplan.callerstate import seed_all
 from ckptplan.loading import Workload, call_model
 from ckptplan.profiling.memtrack import (
     LiveStorageTracker,
@@ -23,7 +24,12 @@ from ckptplan.profiling.memtrack import (
     rng_states_counted,
     storage_bytes,
 )
-from ckptplan.profiling.training import autocast_context, input_tensors, persistent_tensors
+from ckptplan.profiling.training import (
+    autocast_context,
+    every_layer_runs,
+    input_tensors,
+    persistent_tensors,
+)
 from ckptplan.profiling.workspace import Workspaces
 from ckptplan.verifying.allocmeter import allocator_peak
 
@@ -41,7 +47,7 @@ class StepRun:
 
 def train_step(model_file: Workload, run: StepRun, seed: int) -> None:
     """One seeded training step, leaving no gradients behind, so every step starts alike."""
-    torch.manual_seed(seed)
+    seed_all(seed)
     device_type = next(input_tensors(run.inputs), torch.empty(0)).device.type
     with autocast_context(run.autocast, device_type):
         loss = model_file.loss(call_model(run.model, run.inputs))
@@ -61,7 +67,15 @@ def measured_peak(
     on CPU the allocator's event stream (``allocmeter``). In scope ``activations`` without the
     parameters, optimizer state and batch, and on CPU without each gradient from the moment it
     exists (on CUDA the gradients stay in: an upper bound). With it, on CUDA, the peak the
-    caching allocator reserved (``max_memory_reserved``, the same bytes taken off)."""
+    caching allocator reserved (``max_memory_reserved``, the same bytes taken off). Every
+    layer runs, LayerDrop or not, as in the step the plan was priced for."""
+    with every_layer_runs(run.model):
+        return _measured_peak(model_file, run, device, scope)
+
+
+def _measured_peak(
+    model_file: Workload, run: StepRun, device: torch.device, scope: str
+) -> tuple[int, int | None]:
     train_step(model_file, run, seed=1)
     persistent = storage_bytes(persistent_tensors(run.model, run.optimizer, run.inputs))
     if device.type == "cuda":
