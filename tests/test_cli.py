@@ -384,3 +384,20 @@ def test_sweep_figures_say_what_they_show_and_every_point_is_a_plan(run, tiny_gp
         "plans for cpu · fp32 · batch 2 · optimizer adamw",
     ):
         assert words in text
+
+
+def test_a_fallback_to_a_real_step_prints_no_traceback() -> None:
+    """DeepSeek-V3's experts run ``aten._grouped_mm``, whose fake kernel refuses float32:
+    the profile and the fake run fall back to a real step and say so in one line, and torch's
+    fake-tensor logger, which prints the refusal's traceback, stays quiet."""
+    pytest.importorskip("transformers")
+    model = ROOT / "sample_models" / "zoo" / "hf_deepseek_v3.py"
+    done = subprocess.run(
+        [sys.executable, "-m", "ckptplan", "solve", str(model), "--budget", "1GiB"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "real step" in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr

@@ -27,6 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ckptplan.loading import Workload, build_fake, call_model
 from ckptplan.profiling.fakepaths import answering, real_step_paths
 from ckptplan.profiling.training import training_conventions
+from ckptplan.quietlogs import torch_logs_quieted
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class _OpLog(TorchDispatchMode):
         return out
 
 
+@torch_logs_quieted()
 def step_ops(workload: Workload, real: bool, batch_size: int | None = None) -> list[OpCall]:
     """The ops of one forward and backward of the model file's model, on fake tensors (as the
     profile runs it) or on real ones."""

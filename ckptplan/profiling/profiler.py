@@ -19,7 +19,6 @@ blocks traced short). ``ckptplan.profiling.stepruns`` runs the steps,
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Callable
 from contextlib import ExitStack, nullcontext
 from dataclasses import replace
@@ -56,8 +55,10 @@ from ckptplan.profiling.training import (
     training_conventions,
 )
 from ckptplan.profiling.units import find_units
+from ckptplan.quietlogs import torch_logs_quieted
 
 
+@torch_logs_quieted()
 def profile_model(
     model_file: Workload, settings: Settings, min_run: int | None = MIN_RUN
 ) -> Profile:
@@ -67,9 +68,6 @@ def profile_model(
     (``ckptplan.profiling.replicate``); None traces every block. An exception raised by the model's
     own code becomes a one-line error naming its line.
     """
-    fake_tensor_log = logging.getLogger("torch._subclasses.fake_tensor")
-    level = fake_tensor_log.level
-    fake_tensor_log.setLevel(logging.CRITICAL)
     try:
         return _profile(model_file, settings, min_run)
     except CkptplanError:
@@ -81,8 +79,6 @@ def profile_model(
         raise CkptplanError(
             f"running {model_file.name} failed: {describe_exception(exc, file)}"
         ) from None
-    finally:
-        fake_tensor_log.setLevel(level)
 
 
 class _FakeStepFailed(Exception):

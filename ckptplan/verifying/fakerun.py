@@ -28,9 +28,11 @@ from ckptplan.profiling.training import (
     parse_dtype,
     training_conventions,
 )
+from ckptplan.quietlogs import torch_logs_quieted
 from ckptplan.verifying.steppeak import StepRun, measured_peak, tracked_peak
 
 
+@torch_logs_quieted()
 def fake_run_peak(model_file: Workload, plan: Plan) -> int:
     """The plan's steady-state step peak, executed under ``FakeTensorMode``: nothing allocated.
 
@@ -52,6 +54,7 @@ def fake_run_peak(model_file: Workload, plan: Plan) -> int:
         return _checkpointed_step_peak(model_file, plan, real=True)
 
 
+@torch_logs_quieted()
 def compiled_fake_run(model_file: Workload, plan: Plan) -> tuple[int, Partition]:
     """The step peak of ``torch.compile`` after ``apply(model, plan)`` (a plan of no regions:
     the unchecked model), and the partition it made, on fake tensors: inductor's decompositions and
