@@ -237,7 +237,7 @@ def stage_lines(plan: Plan) -> list[str]:
     ``solve`` and ``show``."""
     lines = []
     for stage in plan.stages:
-        regions = ", ".join("+".join(r.modules) for r in stage.regions) or "none"
+        regions = ", ".join("+".join(r.units) for r in stage.regions) or "none"
         lines.append(
             f"stage {stage.index} (rank {stage.rank}): {stage.blocks[0]}..{stage.blocks[-1]}, "
             f"{stage.in_flight} microbatches in flight, predicted peak "

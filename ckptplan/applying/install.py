@@ -5,7 +5,9 @@ swapped for a subclass of the same name whose ``__call__`` routes the call throu
 (``ckptplan.applying.region``). A region (one module, or a run of consecutive sibling blocks)
 runs all its members inside one checkpoint from the first member's call, each member through
 its original ``__call__``, so module hooks (FSDP2's all-gather and reshard, Hugging Face's, the
-user's) run inside the region, again during recomputation, and once per forward.
+user's) run inside the region, again during recomputation, and once per forward. A module that
+runs several times per forward is planned call by call: its calls are counted per forward of
+the model and each goes to its own region, or runs unchecked (``ckptplan.applying.calls``).
 
 Nothing on the checkpointed path mutates Python state while ``torch.compile`` traces it, so a
 checkpointed model compiles once, without graph breaks; in eager mode each region counts its
@@ -28,6 +30,7 @@ from typing import Any
 
 import torch
 
+from ckptplan.applying.calls import CallRoute, StepStart
 from ckptplan.applying.guards import BatchGuard
 from ckptplan.applying.region import RegionRun
 from ckptplan.applying.stats import AppliedPlan, RegionStats, Reporter, region_name
@@ -35,12 +38,17 @@ from ckptplan.errors import CkptplanError
 from ckptplan.fingerprint import check_model_matches
 from ckptplan.plan import Plan, Region, as_plan
 from ckptplan.profiling.training import training_conventions
+from ckptplan.unit_names import split_unit
 
 log = logging.getLogger("ckptplan")
 
 
 def _member_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-    region, index = self.__dict__["_ckptplan_member"]
+    member = self.__dict__["_ckptplan_member"]
+    target = member.next_call() if isinstance(member, CallRoute) else member
+    if target is None:  # a call of a shared module that the plan leaves unchecked
+        return type(self)._ckptplan_base.__call__(self, *args, **kwargs)
+    region, index = target
     return region.call(index, args, kwargs)
 
 
@@ -97,23 +105,29 @@ def refuse_wrapped(model: torch.nn.Module) -> None:
             )
 
 
-def _check_region(region: Region, modules: dict[str, torch.nn.Module], used: set[str]) -> None:
+def _check_region(
+    region: Region, modules: dict[str, torch.nn.Module], used: dict[str, set[int | None]]
+) -> None:
+    """Refuse a region that is not a run of siblings' calls, or a call planned twice (``used``:
+    module path -> its calls in regions so far)."""
     if not region.modules:
         raise CkptplanError("the plan has a region with no modules; re-solve it")
     parents = {path.rpartition(".")[0] for path in region.modules}
     if len(parents) != 1:
         raise CkptplanError(
-            f"region {region_name(region.modules)} joins modules of different parents; a "
+            f"region {region_name(region.units)} joins modules of different parents; a "
             "region is a run of sibling modules"
         )
-    for path in region.modules:
+    for path, unit in zip(region.modules, region.units, strict=True):
         if path not in modules:
             raise CkptplanError(f"the plan names module {path!r}, which this model lacks")
         if "_ckptplan_member" in modules[path].__dict__:
             raise CkptplanError(f"{path} is already checkpointed by ckptplan; apply a plan once")
-        if path in used:
-            raise CkptplanError(f"{path} is in two regions of the plan; re-solve it")
-        used.add(path)
+        call = split_unit(unit)[1]
+        calls = used.setdefault(path, set())
+        if call in calls or (calls and (call is None) != (None in calls)):
+            raise CkptplanError(f"{unit} is in two regions of the plan; re-solve it")
+        calls.add(call)
 
 
 class _Installer:
@@ -125,35 +139,38 @@ class _Installer:
         self.stats: list[RegionStats] = []
         self.nested_stats: list[RegionStats] = []
         self.nested: list[tuple[str, ...]] = []
-        self.used: set[str] = set()
-        self.installs: list[tuple[RegionRun, int]] = []
+        self.used: dict[str, set[int | None]] = {}
+        self.installs: list[tuple[RegionRun, int, int | None]] = []
+        self.routes: dict[int, CallRoute] = {}
+        """Shared modules' routes, by module identity."""
 
     def region(self, region: Region, top: bool, swap: bool) -> RegionRun:
         if swap:
             _check_region(region, self.modules, self.used)
         members = [self.modules[p] for p in region.modules]
-        stats = RegionStats(region_name(region.modules))
+        stats = RegionStats(region_name(region.units))
         (self.stats if top else self.nested_stats).append(stats)
         run = RegionRun(
             members,
-            region.modules,
+            region.units,
             [type(m) for m in members],
             region.policy,
             stats,
             self.reporter if top else None,
         )
         if swap:
-            self.installs.extend((run, i) for i in range(len(members)))
+            calls = region.calls or (None,) * len(members)
+            self.installs.extend((run, i, call) for i, call in enumerate(calls))
         for child in region.children:
             self.child(region, run, child)
         return run
 
     def child(self, parent: Region, run: RegionRun, child: Region) -> None:
-        self.nested.append(child.modules)
-        names = region_name(child.modules)
-        count = len(child.modules)
-        for start in range(len(parent.modules) - count + 1):
-            if parent.modules[start : start + count] == child.modules:
+        self.nested.append(child.units)
+        names = region_name(child.units)
+        count = len(child.units)
+        for start in range(len(parent.units) - count + 1):
+            if parent.units[start : start + count] == child.units:
                 if count == len(parent.modules):
                     raise CkptplanError(f"nested region {names} is its parent region; re-solve")
                 if any(
@@ -165,16 +182,24 @@ class _Installer:
         inside = all(any(p.startswith(m + ".") for m in parent.modules) for p in child.modules)
         if not inside:
             raise CkptplanError(
-                f"nested region {names} is neither a run of {region_name(parent.modules)} nor "
+                f"nested region {names} is neither a run of {region_name(parent.units)} nor "
                 "inside it; re-solve the plan"
             )
         self.region(child, top=False, swap=True)
 
     def install(self) -> None:
-        for run, index in self.installs:
+        """Route each planned member's calls to its region: a module's only call directly, the
+        calls of a shared module through its ``CallRoute``."""
+        for run, index, call in self.installs:
             module = run.modules[index]
-            module.__class__ = _member_class(type(module))
-            module.__dict__["_ckptplan_member"] = (run, index)
+            if call is None:
+                module.__dict__["_ckptplan_member"] = (run, index)
+            else:
+                route = self.routes.setdefault(id(module), CallRoute())
+                route.targets[call] = (run, index)
+                module.__dict__["_ckptplan_member"] = route
+            if "_ckptplan_base" not in type(module).__dict__:
+                module.__class__ = _member_class(type(module))
 
 
 def refuse_unapplicable(model: torch.nn.Module) -> None:
@@ -215,7 +240,7 @@ def apply(
     for note in training_conventions(model)[1]:
         log.warning("ckptplan.apply: %s", note)
     applied = AppliedPlan(
-        regions=tuple(r.modules for r in plan.regions),
+        regions=tuple(r.units for r in plan.regions),
         solver=plan.solver,
         policies=tuple(r.policy for r in plan.regions),
     )
@@ -228,5 +253,7 @@ def apply(
     applied.nested = tuple(installer.nested)
     model.ckptplan_applied = applied
     model.register_forward_pre_hook(BatchGuard(plan.inputs), with_kwargs=True)
+    if installer.routes:
+        model.register_forward_pre_hook(StepStart(list(installer.routes.values())))
     log.info("%s", applied)
     return model

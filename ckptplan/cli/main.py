@@ -134,7 +134,7 @@ def solve(
         "predicted_peak_bytes": plan.predicted.peak_bytes,
         "predicted_overhead": plan.predicted.overhead,
         "solver": plan.solver,
-        "regions": [list(r.modules) for r in plan.regions],
+        "regions": [list(r.units) for r in plan.regions],
     }
     use = f"in training: model = ckptplan.apply(model, {output!r})"
     _deliver(plan, output, as_json, summary, [], use)

@@ -193,10 +193,10 @@ def _plan_regions(
     for region in plan.regions:
         if region.children:
             raise ValueError("nested regions are not translated to the op graph")
-        start = paths.index(region.modules[0])
-        end = start + len(region.modules)
-        if tuple(paths[start:end]) != tuple(region.modules):
-            raise ValueError(f"region {region.modules} is not a run of consecutive blocks")
+        start = paths.index(region.units[0])
+        end = start + len(region.units)
+        if tuple(paths[start:end]) != region.units:
+            raise ValueError(f"region {region.units} is not a run of consecutive blocks")
         regions.append((start, end, _kept(region.policy)))
     return regions
 

@@ -393,4 +393,4 @@ def _plan(
 
 
 def _inside(region: Region, blocks: Sequence[str]) -> bool:
-    return region.modules[0] in blocks
+    return region.units[0] in blocks

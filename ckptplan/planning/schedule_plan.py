@@ -48,11 +48,16 @@ def _regions(
     (the module whole, each of its blocks a region inside)."""
     paths = [b.path for b in prof.blocks]
     regions = [
-        (start, Region(tuple(paths[start:end]), policy=region_policy(prof, start, end, chosen)))
+        (
+            start,
+            Region.of_units(
+                tuple(paths[start:end]), policy=region_policy(prof, start, end, chosen)
+            ),
+        )
         for start, end in schedule.segments
     ]
     for index in schedule.nested:
         enclosure = chain.enclosures[index]
-        inner = tuple(Region((p,)) for p in paths[enclosure.start : enclosure.end])
+        inner = tuple(Region.of_units((p,)) for p in paths[enclosure.start : enclosure.end])
         regions.append((enclosure.start, Region((enclosure.name,), children=inner)))
     return tuple(region for _, region in sorted(regions, key=lambda r: r[0]))

@@ -23,7 +23,9 @@ from typing import Any
 import torch
 
 from ckptplan.profile_types import EnclosingModule
+from ckptplan.profiling.callhooks import unit_hooks
 from ckptplan.profiling.memtrack import LiveStorageTracker
+from ckptplan.unit_names import split_unit
 
 
 @dataclass
@@ -64,9 +66,9 @@ class EnclosureRecorder:
         self.ended = 0
 
     def hooks(self) -> Iterator[Any]:
-        for index, module in enumerate(self.unit_modules):
-            yield module.register_forward_pre_hook(self._unit_pre(index))
-            yield module.register_forward_hook(self._unit_post(index))
+        yield from unit_hooks(
+            list(zip(self.units, self.unit_modules, strict=True)), self._unit_pre, self._unit_post
+        )
         for path, module in self.candidates.items():
             yield module.register_forward_pre_hook(self._pre(path))
             yield module.register_forward_hook(self._post(path))
@@ -118,6 +120,8 @@ class EnclosureRecorder:
         inside = [i for i, unit in enumerate(self.units) if unit.startswith(path + ".")]
         if started != end or end <= start or inside != list(range(start, end)):
             return None
+        if any(split_unit(self.units[i])[1] is not None for i in inside):
+            return None  # its recomputation would call a shared module again, out of count
         starts, ends = self.starts, self.ends
         if None in starts[start:end] or None in ends[start:end] or starts[start] != entry_ops:
             return None

@@ -56,6 +56,7 @@ from ckptplan.profiling.training import (
 )
 from ckptplan.profiling.units import find_units
 from ckptplan.quietlogs import torch_logs_quieted
+from ckptplan.unit_names import split_unit
 
 
 @torch_logs_quieted()
@@ -239,6 +240,6 @@ def _measured(
     timed, and the time a selective-checkpoint policy adds per op call here."""
     torch.manual_seed(0)
     model, inputs, _ = _prepared(model_file.build(), model_file.inputs(settings.batch_size), dtype)
-    blocks = [(path, model.get_submodule(path)) for path in paths]
+    blocks = [(path, model.get_submodule(split_unit(path)[0])) for path in paths]
     optimizer = make_optimizer(settings.optimizer, model)
     return measured_ops(model_file, model, inputs, optimizer, blocks, device, settings.autocast)

@@ -39,6 +39,7 @@ from ckptplan.fingerprint import model_fingerprint
 from ckptplan.profile_types import Profile
 from ckptplan.profiling.expand import expanded
 from ckptplan.profiling.runlayout import Layout, NotReplicable, owners_of_updates, renamed
+from ckptplan.unit_names import split_unit
 
 MIN_RUN = 16
 """The shortest run replicated: the three traces run 12 blocks, and the code outside the blocks
@@ -214,8 +215,12 @@ def find_runs(
     keys = {path: list(module._modules) for path, module in containers.items()}
 
     def place(path: str) -> tuple[str, int] | None:
+        """Where the unit's module sits in its container; None for one call of a module that
+        runs several times (calls of one module are never a run of blocks)."""
         parent, _, key = path.rpartition(".")
-        return (parent, keys[parent].index(key)) if parent in keys else None
+        if split_unit(path)[1] is not None or parent not in keys:
+            return None
+        return parent, keys[parent].index(key)
 
     def alike(a: int, b: int) -> bool:
         (pa, ma), (pb, mb) = units[a], units[b]

@@ -18,6 +18,7 @@ from torch.utils import _pytree as pytree
 from torch.utils.module_tracker import ModuleTracker
 
 from ckptplan.phase import Direction, Phase
+from ckptplan.profiling.callhooks import unit_hooks
 from ckptplan.profiling.costs import OpRecorder
 from ckptplan.profiling.enclosures import EnclosureRecorder
 from ckptplan.profiling.everyblock import host_random_state
@@ -172,9 +173,7 @@ class StepRecorder:
         return tensor
 
     def hooks(self) -> Iterator[Any]:
-        for index, (_, module) in enumerate(self.blocks):
-            yield module.register_forward_pre_hook(self._pre(index), with_kwargs=True)
-            yield module.register_forward_hook(self._post(index), with_kwargs=True)
+        yield from unit_hooks(self.blocks, self._pre, self._post, with_kwargs=True)
 
     def _pre(self, index: int) -> Any:
         def hook(module: torch.nn.Module, args: Any, kwargs: Any) -> None:

@@ -109,7 +109,8 @@ def _policy_time(
 def checkpointed(blocks: Blocks, context_fn: Callable[[], Any] | None) -> Iterator[None]:
     """Every block's forward under ``torch.utils.checkpoint`` for the duration."""
     extra = {"context_fn": context_fn} if context_fn is not None else {}
-    own = [(module, module.__dict__.get("forward")) for _, module in blocks]
+    modules = {id(module): module for _, module in blocks}  # a shared module once
+    own = [(module, module.__dict__.get("forward")) for module in modules.values()]
     for module, _ in own:
         module.forward = functools.partial(checkpoint, module.forward, use_reentrant=False, **extra)
     try:

@@ -12,7 +12,10 @@ module tree, in the order the step runs them, not only the children of its large
   blocks, the resnets and attentions of a UNet down block) is replaced by those blocks, so no
   unit is a whole stage when its blocks can be checkpointed one by one. Single layers (the
   convolutions inside a block) never replace their block, and blocks that do not feed one
-  another (the experts of a mixture-of-experts layer, parallel branches) stay inside it.
+  another (the experts of a mixture-of-experts layer, parallel branches) stay inside it;
+- a block with weights that runs several times in one forward (ALBERT's one layer group run
+  once per layer, a backbone run on two views) is one unit per call (``ckptplan.unit_names``),
+  unless its own repeated blocks give units: then each of their calls is one.
 
 Which modules run, how often and in what order is read off one real (or fake) forward, so the
 order is the execution order, not the order of definition (CLIP runs its vision tower first).
@@ -39,7 +42,7 @@ import itertools
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -48,19 +51,26 @@ from torch.utils import _pytree as pytree
 from ckptplan.errors import CkptplanError, option
 from ckptplan.plan import Region
 from ckptplan.policy_types import Choice, OpCall, Policy
+from ckptplan.unit_names import split_unit, unit_name
 
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential)
+_UNCALLED = (torch.nn.ModuleList, torch.nn.ModuleDict)  # hold modules, never called
 
 
 @dataclass
 class _Call:
-    """What one forward showed of a module: its first call, how often, what it read and made."""
+    """What one step showed of a module: its first call, how often, what it read and made."""
 
     order: int
     count: int = 1
     input_id: int | None = None
     output_id: int | None = None
-    output_needs_grad: bool = False
+    orders: list[int] = field(default_factory=list)
+    """Each call's place among the watched calls of the step."""
+    grads: list[bool] = field(default_factory=list)
+    """Whether each call's output needs a gradient."""
+    forwards: set[int] = field(default_factory=set)
+    """The model's forwards (counted in the step) its calls ran in."""
 
 
 def _has_weights(module: torch.nn.Module) -> bool:
@@ -80,23 +90,34 @@ def _first_tensor(tree: Any) -> torch.Tensor | None:
 
 
 @contextmanager
-def _watched(modules: dict[str, torch.nn.Module]) -> Iterator[dict[str, _Call]]:
+def _watched(
+    root: torch.nn.Module, modules: dict[str, torch.nn.Module]
+) -> Iterator[dict[str, _Call]]:
     """Record each module's calls while active. Tensors are compared by identity, so the
     first input and output of every call are held until the block exits."""
     calls: dict[str, _Call] = {}
     held: list[torch.Tensor] = []
-    handles = []
+    counts = Counter[str]()
+
+    def forward(module: torch.nn.Module, args: Any) -> None:
+        counts["forwards"] += 1
+
+    handles = [root.register_forward_pre_hook(forward)]
 
     def pre(path: str) -> Callable[..., None]:
         def hook(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+            counts["calls"] += 1
             call = calls.get(path)
             if call is not None:
                 call.count += 1
-                return
-            x = _first_tensor(args) if args else _first_tensor(kwargs)
-            calls[path] = _Call(order=len(calls), input_id=None if x is None else id(x))
-            if x is not None:
-                held.append(x)
+            else:
+                x = _first_tensor(args) if args else _first_tensor(kwargs)
+                call = calls[path] = _Call(order=counts["calls"])
+                call.input_id = None if x is None else id(x)
+                if x is not None:
+                    held.append(x)
+            call.orders.append(counts["calls"])
+            call.forwards.add(counts["forwards"])
 
         return hook
 
@@ -104,9 +125,9 @@ def _watched(modules: dict[str, torch.nn.Module]) -> Iterator[dict[str, _Call]]:
         def hook(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
             call = calls[path]
             out = _first_tensor(output)
+            call.grads.append(out is not None and out.requires_grad)
             if call.count == 1 and out is not None:
                 call.output_id = id(out)
-                call.output_needs_grad = out.requires_grad
                 held.append(out)
 
         return hook
@@ -126,7 +147,8 @@ def find_units(
     model: torch.nn.Module, run_forward: Callable[[], Any], pattern: str | None = None
 ) -> list[tuple[str, torch.nn.Module]]:
     """The chain of units, in execution order: modules matching ``pattern`` (comma-separated
-    globs over module paths), or by default the repeated blocks of every stage.
+    globs over module paths), or by default the repeated blocks of every stage and the shared
+    blocks. A module that runs several times is one unit per call (``ckptplan.unit_names``).
 
     ``run_forward`` runs the model's forward once (it may run a whole step).
     """
@@ -135,12 +157,17 @@ def find_units(
         watched = _matching(modules, pattern)
     else:
         watched = {
-            f"{path}.{name}" if path else name: child
+            path: module
+            for path, module in modules.items()
+            if path and _has_weights(module) and not isinstance(module, _UNCALLED)
+        }
+        watched.update(
+            (f"{path}.{name}" if path else name, child)
             for path, module in modules.items()
             if _is_stage(module)
             for name, child in module.named_children()
-        }
-    with _watched(watched) as calls:
+        )
+    with _watched(model, watched) as calls:
         run_forward()
     if pattern is not None:
         ran = [path for path in watched if path in calls]
@@ -148,7 +175,7 @@ def find_units(
             raise CkptplanError(
                 f"{option('blocks', pattern)} matches modules the forward never calls"
             )
-        return [(path, modules[path]) for path in sorted(ran, key=lambda p: calls[p].order)]
+        return _unit_calls(ran, modules, calls)
     chosen = _select("", modules, calls)
     if not chosen:
         raise CkptplanError(
@@ -156,7 +183,32 @@ def find_units(
             "whose outputs need a gradient; name the blocks with "
             f"{option('blocks')}, e.g. {option('blocks', example_paths(model))}"
         )
-    return [(path, modules[path]) for path in sorted(chosen, key=lambda p: calls[p].order)]
+    return _unit_calls(chosen, modules, calls)
+
+
+def _unit_calls(
+    paths: list[str], modules: dict[str, torch.nn.Module], calls: dict[str, _Call]
+) -> list[tuple[str, torch.nn.Module]]:
+    """The units of ``paths`` in execution order: a module's only call, or each call of a
+    module that runs several times whose output needs a gradient."""
+    units: list[tuple[int, str]] = []
+    for path in paths:
+        call = calls[path]
+        if call.count == 1:
+            units.append((call.order, path))
+            continue
+        if len(call.forwards) > 1:
+            raise CkptplanError(
+                f"{path} runs in {len(call.forwards)} forwards of the model in one step, but a "
+                "plan counts the calls of a shared module within one forward: run them in one "
+                f"forward, or choose other blocks with {option('blocks')}"
+            )
+        units += [
+            (order, unit_name(path, k))
+            for k, (order, grad) in enumerate(zip(call.orders, call.grads, strict=True))
+            if grad
+        ]
+    return [(name, modules[split_unit(name)[0]]) for _, name in sorted(units)]
 
 
 def _matching(modules: dict[str, torch.nn.Module], pattern: str) -> dict[str, torch.nn.Module]:
@@ -175,31 +227,43 @@ def _select(path: str, modules: dict[str, torch.nn.Module], calls: dict[str, _Ca
     """The units inside the module at ``path`` (see the module docstring)."""
     module = modules[path]
     children = [f"{path}.{name}" if path else name for name, _ in module.named_children()]
-    if not _is_stage(module):
-        return [unit for child in children for unit in _select(child, modules, calls)]
     units: list[str] = []
     for child in children:
         inner = _select(child, modules, calls)
-        blocks = all(next(modules[u].children(), None) is not None for u in inner)
-        if len(inner) >= 2 and blocks and _feed_one_another(inner, calls):
+        if not _is_stage(module) or (_blocks(inner, modules) and _feed_one_another(inner, calls)):
             units += inner
         elif _checkpointable(child, modules, calls):
             units.append(child)
         else:
             units += inner
+    if path and _shared(path, modules, calls) and not _blocks(units, modules):
+        return [path]
     return units
+
+
+def _blocks(units: list[str], modules: dict[str, torch.nn.Module]) -> bool:
+    """Two units or more, none a single layer."""
+    return len(units) >= 2 and all(next(modules[u].children(), None) is not None for u in units)
+
+
+def _shared(path: str, modules: dict[str, torch.nn.Module], calls: dict[str, _Call]) -> bool:
+    """A block (not a single layer) with weights that runs several times, some call's output
+    needing a gradient: ALBERT's shared layer group, a backbone run on two views."""
+    call = calls.get(path)
+    module = modules[path]
+    return (
+        call is not None
+        and call.count > 1
+        and _checkpointable(path, modules, calls)
+        and next(module.children(), None) is not None
+    )
 
 
 def _checkpointable(
     path: str, modules: dict[str, torch.nn.Module], calls: dict[str, _Call]
 ) -> bool:
     call = calls.get(path)
-    return (
-        call is not None
-        and call.count == 1
-        and call.output_needs_grad
-        and _has_weights(modules[path])
-    )
+    return call is not None and any(call.grads) and _has_weights(modules[path])
 
 
 def _feed_one_another(units: list[str], calls: dict[str, _Call]) -> bool:
@@ -308,7 +372,7 @@ def describe_regions(regions: Sequence[Region]) -> str:
     """
     parts: list[_Run | str] = []
     for region in regions:
-        span = None if region.children else _span(region.modules)
+        span = None if region.children else _span(region.units)
         if span is None:
             parts.append(_single(region))
             continue
@@ -328,7 +392,7 @@ def describe_regions(regions: Sequence[Region]) -> str:
 
 def _single(region: Region) -> str:
     if region.children:
-        return f"{region.modules[0]} whole, {describe_regions(region.children)} inside it"
-    first, last = region.modules[0], region.modules[-1]
+        return f"{region.units[0]} whole, {describe_regions(region.children)} inside it"
+    first, last = region.units[0], region.units[-1]
     name = first if first == last else f"{first} ... {last} as one"
     return name + _policy_text(region.policy)

@@ -85,6 +85,12 @@ def rewrite(
         )
     refuse_wrapped(model)
     check_model_matches(model, plan, force)
+    shared = next((r.units[0] for r in plan.regions if r.calls), None)
+    if shared is not None:
+        raise CkptplanError(
+            f"the plan checkpoints {shared}, one call of a module that runs several times, "
+            "which a rewrite cannot cut out of the traced forward; use ckptplan.apply(model, plan)"
+        )
     root = trace(model)
     leaves = frozenset(str(n.target) for n in root.graph.nodes if n.op == "call_module")
     regions = tuple(_extract(root, region) for region in plan.regions)
