@@ -27,6 +27,7 @@ from torch.utils.module_tracker import ModuleTracker
 from ckptplan.devices import Device, op_kind
 from ckptplan.profile_types import OpRecord
 from ckptplan.profiling.memtrack import real_storage_bytes
+from ckptplan.profiling.rnn import workspace_bytes
 
 
 def _sdpa_cpu_flops(args: tuple[Any, ...], backward: bool) -> float:
@@ -52,9 +53,11 @@ def op_flops(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any)
     return 0.0
 
 
-def _tensor_bytes(tree: Any) -> int:
-    leaves = pytree.tree_leaves(tree)
-    return sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
+def _output_bytes(func: Any, args: Any, out: Any) -> int:
+    """Bytes of the op's outputs, a recurrent kernel's workspace at its real size (its fake
+    kernel returns it empty, ``rnn``): a selective plan that keeps the op keeps it too."""
+    leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    return sum(t.numel() * t.element_size() or workspace_bytes(func, args, t) for t in leaves)
 
 
 def _bytes_moved(
@@ -164,7 +167,7 @@ class OpRecorder(TorchDispatchMode):
                 phase=self.phase,
                 module=self._module_path(),
                 backward=self.modules.is_bw,
-                output_bytes=_tensor_bytes(out),
+                output_bytes=_output_bytes(func, args, out),
                 saved_bytes=0,
                 flops=flops,
                 time=elapsed if self.measure else self.device.op_time(kind, flops, moved, half),

@@ -18,6 +18,7 @@ unchanged there; ``GPU_ONLY_OPS`` lets ``apply`` refuse such a plan where they n
 from __future__ import annotations
 
 import math
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -28,10 +29,21 @@ FLASH = aten._scaled_dot_product_flash_attention.default
 EFFICIENT = aten._scaled_dot_product_efficient_attention.default
 GPU_ONLY_OPS = frozenset({str(FLASH), str(EFFICIENT)})
 """Ops a selective policy may name that only a CUDA device runs."""
+_ACTIVE: ContextVar[int] = ContextVar("ckptplan_gpu_kernels", default=0)
+"""How many ``GpuAttention`` are entered: a mode is off its stack while it handles a call,
+so code below dispatch (``rnn``, sizing cuDNN's reserve) asks this instead."""
 
 
 class GpuAttention(TorchFunctionMode):
     """While active, ``scaled_dot_product_attention`` runs the kernel a CUDA GPU would."""
+
+    def __enter__(self) -> GpuAttention:
+        self._token = _ACTIVE.set(_ACTIVE.get() + 1)
+        return super().__enter__()  # type: ignore[no-any-return]
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        _ACTIVE.reset(self._token)
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -79,7 +91,9 @@ def emulated() -> bool:
     """Whether ``GpuAttention`` is active. A recomputation runs inside ``backward``, where
     torch-function modes are off, so a checkpointed region re-enters it there when it was
     active in forward (as torch's checkpoint does for a device context)."""
-    return any(isinstance(m, GpuAttention) for m in _get_current_function_mode_stack())
+    return bool(_ACTIVE.get()) or any(
+        isinstance(m, GpuAttention) for m in _get_current_function_mode_stack()
+    )
 
 
 def runs_gpu_kernels(tensor: torch.Tensor) -> bool:

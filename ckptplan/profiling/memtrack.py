@@ -7,7 +7,8 @@ Storages that exist before tracking starts (parameters, optimizer state, inputs)
 caller's to count; ``exclude`` keeps in-place updates of them from looking like new memory.
 
 Where a CPU kernel's output holds more storage than its shape needs, a fake tensor cannot show
-it; ``real_storage_bytes`` adds what such kernels are measured to hold (see ``_UNREDUCED_LOSSES``).
+it; ``real_storage_bytes`` adds what such kernels are measured to hold (see ``_UNREDUCED_LOSSES``),
+and the workspace recurrent kernels return, which their fake kernels return empty (``rnn``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode_temporarily
+
+from ckptplan.profiling.rnn import workspace_bytes
 
 _UNREDUCED_LOSSES = frozenset(
     {
@@ -67,9 +70,10 @@ def real_storage_bytes(func: Any, args: Any, tensor: torch.Tensor) -> int:
     """Bytes behind ``tensor``, output of ``func(*args)``, as the real kernel allocates them.
 
     The same as the storage's size, except for an output of ``_UNREDUCED_LOSSES`` on the CPU,
-    which is counted at the size of the unreduced loss whether the tensor is real or fake.
+    which is counted at the size of the unreduced loss whether the tensor is real or fake, and
+    a recurrent kernel's workspace returned empty by its fake kernel.
     """
-    size = tensor.untyped_storage().nbytes()
+    size = tensor.untyped_storage().nbytes() or workspace_bytes(func, args, tensor)
     if func in _UNREDUCED_LOSSES and tensor.dim() == 0 and tensor.device.type == "cpu":
         shapes = [a.shape for a in args if isinstance(a, torch.Tensor)]
         elements = math.prod(torch.broadcast_shapes(*shapes)) if shapes else 1

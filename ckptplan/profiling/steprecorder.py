@@ -164,7 +164,7 @@ class StepRecorder:
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
         key = storage_key(tensor)
-        size = self.tracker.rounded(tensor.untyped_storage().nbytes())
+        size = self.tracker.size_of(key) or self.tracker.rounded(tensor.untyped_storage().nbytes())
         self.saved.setdefault(self.phase, {})[key] = (size, self.tracker.allocated_in.get(key))
         if self.tracker.phases:
             self.replay_peaks[self.phase] = self.tracker.phases[-1].peak

@@ -20,6 +20,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
+from ckptplan.profiling import rnn
 from ckptplan.verifying.allocmeter import allocator_peak
 
 aten = torch.ops.aten
@@ -30,6 +31,7 @@ WORKSPACE_OPS = frozenset(
         aten.native_dropout.default,
         aten._scaled_dot_product_flash_attention_for_cpu.default,
         aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+        *rnn.CPU_KERNELS,
     }
 )
 """Ops whose CPU kernels allocate buffers of their own while they run. ``native_dropout``
@@ -38,7 +40,8 @@ never calls it (its ops are visible), but inductor with ``fallback_random`` does
 compiled fake run was 2 MiB (9%) under the allocator on the compiled-plan tests' model.
 Flash attention's CPU backward zeroes its gradients and per-thread buffers inside the kernel;
 where a compiled step peaked there (Hugging Face ViT, one joined region over its layers) the
-fake run was 0.52 MiB (2.1%) under the allocator, and the plan over its budget."""
+fake run was 0.52 MiB (2.1%) under the allocator, and the plan over its budget. The LSTM's
+oneDNN kernels keep scratch of their own in forward and backward (``rnn``)."""
 HALF_WORKSPACE_OPS = frozenset(
     {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
 )
@@ -60,17 +63,20 @@ class Workspaces:
         together (0 for ops without workspace, whose peak is their outputs)."""
         if func not in WORKSPACE_OPS and not (func in HALF_WORKSPACE_OPS and _half(args)):
             return 0
-        key = (func, _signature((args, kwargs)))
+        grad = func in rnn.CPU_KERNELS and torch.is_grad_enabled()  # they keep more with it
+        key = (func, _signature((args, kwargs)), grad)
         if key not in self._known:
-            self._known[key] = self._measure(func, args, kwargs)
+            self._known[key] = self._measure(func, args, kwargs, grad)
         return self._known[key]
 
-    def _measure(self, func: Any, args: Any, kwargs: Any) -> int:
+    def _measure(self, func: Any, args: Any, kwargs: Any, grad: bool) -> int:
         tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         if sum(t.untyped_storage().nbytes() for t in tensors) > CALIBRATION_LIMIT:
             return 0
-        with _disable_current_modes(), torch.no_grad():
+        with _disable_current_modes(), torch.set_grad_enabled(grad):
             real_args, real_kwargs = pytree.tree_map_only(torch.Tensor, _empty_like, (args, kwargs))
+            if func in rnn.CPU_KERNELS:  # zeros, and a backward's workspace from a real forward
+                real_args = rnn.real_arguments(func, args)
             peak = allocator_peak(lambda: func(*real_args, **real_kwargs)).step
         return peak
 
