@@ -317,6 +317,8 @@ def verify(
     where present): measured peak, time ratio, gradient difference."""
     workload = _workload(model, example_inputs, loss_fn)
     the_plan = as_plan(plan)
+    if isinstance(workload, HubModel):
+        workload = workload.sized_as(the_plan.inputs)
     if the_plan.settings.parallel:
         ranks, mode = the_plan.settings.world_size, the_plan.settings.parallel
         raise CkptplanError(

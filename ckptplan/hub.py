@@ -11,7 +11,7 @@ classifier. The loss is the model's own (``output.loss``).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,9 @@ import torch
 from ckptplan.errors import CkptplanError, option
 from ckptplan.loading import Inputs, default_loss
 from ckptplan.options import HUB_PREFIX, HUB_TASKS
+
+DEFAULT_SEQ_LEN = 512
+"""Tokens per sequence of a text model when ``--seq-len`` is not given."""
 
 TASKS = dict(
     zip(
@@ -66,7 +69,8 @@ class HubModel:
     source: str
     """A folder holding ``config.json``, or a model name in the local Hugging Face cache."""
     task: str | None = None
-    seq_len: int = 512
+    seq_len: int | None = None
+    """Tokens per sequence of a text model (default: ``DEFAULT_SEQ_LEN``)."""
     image_size: int | None = None
     """Side of the square images of an image model (default: the config's ``image_size``)."""
 
@@ -86,6 +90,21 @@ class HubModel:
     @property
     def name(self) -> str:
         return f"{HUB_PREFIX}{self.source}"
+
+    def sized_as(self, signature: Any) -> HubModel:
+        """The inputs' sizes a plan recorded (its ``inputs``), where this one leaves them to
+        their defaults: ``verify hf:DIR plan.json`` measures the batch the plan was made for,
+        as the plan's batch size is taken, without ``--seq-len`` said again."""
+        if not isinstance(signature, dict):
+            return self
+        ids, pixels = signature.get("input_ids"), signature.get("pixel_values")
+        seq_len = self.seq_len
+        if seq_len is None and _recorded_shape(ids, 2):
+            seq_len = ids[0][1]
+        image_size = self.image_size
+        if image_size is None and _recorded_shape(pixels, 4):
+            image_size = pixels[0][-1]
+        return replace(self, seq_len=seq_len, image_size=image_size)
 
     def __str__(self) -> str:
         return self.name
@@ -155,18 +174,28 @@ class HubModel:
         limit = getattr(config, "max_position_embeddings", None) or getattr(
             config, "n_positions", None
         )
-        if limit is not None and self.seq_len > limit:
+        seq_len = self.seq_len or DEFAULT_SEQ_LEN
+        if limit is not None and seq_len > limit:
             raise CkptplanError(
-                f"{option('seq_len', self.seq_len)} is longer than {self.name} takes ({limit} "
-                "positions)"
+                f"{option('seq_len', seq_len)} is longer than {self.name} takes ({limit} positions)"
             )
-        ids = torch.randint(0, vocab, (batch, self.seq_len))
+        ids = torch.randint(0, vocab, (batch, seq_len))
         if task == "sequence-classification":
             return {"input_ids": ids, "labels": torch.randint(0, config.num_labels, (batch,))}
         return {"input_ids": ids, "labels": ids.clone()}
 
     def loss(self, output: Any) -> torch.Tensor:
         return default_loss(output)
+
+
+def _recorded_shape(leaf: Any, dims: int) -> bool:
+    """Whether ``leaf`` is a plan's record ``[shape, dtype]`` of a ``dims``-d tensor."""
+    return (
+        isinstance(leaf, list)
+        and len(leaf) == 2
+        and isinstance(leaf[0], list)
+        and (len(leaf[0]) == dims)
+    )
 
 
 def _suffix(architecture: str) -> str:

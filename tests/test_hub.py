@@ -3,6 +3,7 @@ synthesised from the config, through the CLI as a user runs it."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -118,3 +119,25 @@ def test_hub_flags_with_a_model_file_are_refused(tiny_gpt) -> None:
 def test_a_sequence_longer_than_the_model_takes_is_refused(folders) -> None:
     with pytest.raises(CkptplanError, match="longer than"):
         HubModel(str(folders["gpt2"]), seq_len=4096).inputs(1)
+
+
+def test_verify_measures_the_sequence_length_the_plan_was_made_for(folders, tmp_path) -> None:
+    """``verify hf:DIR plan.json`` without ``--seq-len`` measures the plan's sequences (it
+    measured 512 tokens against a plan for 128, 66.7% off, and exited 1)."""
+    plan_path = tmp_path / "plan.json"
+    model = f"hf:{folders['gpt2']}"
+    args = ["solve", model, "--budget", "95%", "--seq-len", "128", "--batch-size", "2"]
+    assert CliRunner().invoke(cli, [*args, "-o", str(plan_path)]).exit_code == 0
+    result = CliRunner().invoke(cli, ["verify", model, str(plan_path), "--json", "--repeats", "1"])
+    assert result.exit_code == 0, result.output
+    measured = json.loads(result.stdout)
+    off = abs(measured["measured_peak_bytes"] - measured["predicted_peak_bytes"])
+    assert off <= 0.05 * measured["measured_peak_bytes"]
+
+
+def test_sizes_not_given_are_the_plans() -> None:
+    recorded = {"input_ids": [[2, 128], "torch.int64"], "labels": [[2, 128], "torch.int64"]}
+    assert HubModel("x").sized_as(recorded).seq_len == 128
+    assert HubModel("x", seq_len=64).sized_as(recorded).seq_len == 64
+    pixels = {"pixel_values": [[2, 3, 96, 96], "torch.float32"]}
+    assert HubModel("x").sized_as(pixels).image_size == 96
