@@ -401,3 +401,18 @@ def test_a_fallback_to_a_real_step_prints_no_traceback() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "real step" in done.stdout
     assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_sweep_verify_measures_torch_compiles_budget_beside_the_plans(tiny_gpt) -> None:
+    """``sweep --verify`` measured none of compile's budgets ('dict' object has no attribute
+    'dtype', logged and skipped)."""
+    from ckptplan.api import load_workload
+    from ckptplan.planning.sweep import SweepOptions, sweep
+    from ckptplan.profile_types import Settings
+
+    options = SweepOptions(points=2, every=(), verify=True, repeats=1, compile_budgets=(0.5,))
+    result = sweep(load_workload(tiny_gpt), Settings(batch_size=2), options)
+    compiled = [p for p in result.points if p.strategy == "compile-0.5"]
+    assert len(compiled) == 1 and compiled[0].measured_peak_bytes is not None
+    # Its gradients are measured too (off here: compile's budget redraws dropout masks).
+    assert compiled[0].max_grad_abs_diff is not None

@@ -18,7 +18,7 @@ from typing import Any
 from ckptplan.budget import format_budget_at_least, format_bytes
 from ckptplan.devices import get_device
 from ckptplan.loading import Workload
-from ckptplan.plan import Plan
+from ckptplan.plan import Plan, PlanSettings
 from ckptplan.planning.problem import selective_menus, to_chain
 from ckptplan.planning.schedule_plan import plan_from_schedule
 from ckptplan.planning.search import selective_pays
@@ -159,11 +159,12 @@ def _compile_points(
     workload: Workload, settings: Settings, options: SweepOptions, progress: Progress
 ) -> list[SweepPoint]:
     points = []
+    the_plans = PlanSettings(**asdict(settings))
     for budget in options.compile_budgets:
         progress.phase(f"measuring torch.compile's activation_memory_budget {budget:g}")
         try:
             measured = measure_compile_budget(
-                workload, asdict(settings), budget, device=options.run_on, repeats=options.repeats
+                workload, the_plans, budget, device=options.run_on, repeats=options.repeats
             )
         except Exception as exc:  # a peer's failure must not lose ckptplan's own points
             log.warning("torch.compile budget %g not measured: %s", budget, exc)
