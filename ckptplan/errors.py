@@ -1,6 +1,7 @@
 """The one exception type users see: its message is a complete one-line diagnosis."""
 
 import os
+import shlex
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,13 +32,17 @@ class BelowLeastPeak(CkptplanError):
 
 def option(name: str, value: object = None) -> str:
     """An option as an error message names it in the fix it gives: a Python argument for the
-    library's callers, a flag on the command line (``command_line``).
+    library's callers, a flag on the command line (``command_line``), its value quoted for the
+    shell where it needs it, so the fix pastes as it is.
 
     >>> option("budget", "4MiB"), option("force", True), option("strategy", "fsdp")
     ("budget='4MiB'", 'force=True', "strategy='fsdp'")
     >>> with command_line():
     ...     option("budget", "4MiB"), option("force", True), option("strategy", "fsdp")
     ('--budget 4MiB', '--force', '--fsdp')
+    >>> with command_line():
+    ...     option("blocks", "layers.*,head")
+    "--blocks 'layers.*,head'"
     """
     if not _CLI.get():
         return name if value is None else f"{name}={value!r}"
@@ -46,7 +51,9 @@ def option(name: str, value: object = None) -> str:
     flag = _FLAGS.get(name, "--" + name.replace("_", "-"))
     if value is None or value is True:
         return flag
-    return f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}"
+    if isinstance(value, float):
+        return f"{flag} {value:g}"
+    return f"{flag} {shlex.quote(str(value))}"
 
 
 @contextmanager

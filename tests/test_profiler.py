@@ -1,5 +1,6 @@
 """The fake-tensor profiler: blocks found, costs measured, nothing allocated."""
 
+import re
 import resource
 
 import pytest
@@ -83,8 +84,56 @@ def test_a_model_without_repeated_blocks(write_model) -> None:
         "import torch\ndef build_model():\n    return torch.nn.Linear(4, 4)\n"
         "def example_inputs(batch_size=2):\n    return (torch.randn(batch_size, 4),)\n"
     )
-    with pytest.raises(CkptplanError, match=r"name the blocks with blocks, e\.g\. blocks="):
+    with pytest.raises(CkptplanError, match=r"name the blocks with blocks; no submodule here"):
         profile_model(load_model_file(path), Settings())
+
+
+_NAMED_LAYERS = """
+import torch
+from torch import nn
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(64, 32)
+        self.drop = nn.Dropout(0.1)
+        self.mixer = MIXER
+        self.head = nn.Linear(32, 64)
+
+    def forward(self, ids):
+        hidden = self.mixer(self.drop(self.embed(ids)))
+        return self.head(hidden[0] if isinstance(hidden, tuple) else hidden)
+
+def build_model():
+    return Net()
+
+def example_inputs(batch_size=2):
+    return (torch.randint(0, 64, (batch_size, 16)),)
+
+def loss_fn(logits):
+    return logits.square().mean()
+"""
+
+
+@pytest.mark.parametrize(
+    "mixer",
+    [
+        "nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.LayerNorm(32))",  # one of each class
+        "nn.LSTM(32, 32, num_layers=2, batch_first=True)",
+    ],
+)
+def test_the_blocks_an_error_suggests_are_accepted(write_model, mixer: str) -> None:
+    """A model of named layers (no repeated blocks) is refused with a --blocks value that
+    profiles: siblings of the model that are called once and hold weights, not the first
+    module paths (``drop``, nested in nothing, and a container's first child)."""
+    path = write_model(_NAMED_LAYERS.replace("MIXER", mixer))
+    with pytest.raises(CkptplanError) as refused:
+        profile_model(load_model_file(path), Settings())
+    suggested = re.search(r"e\.g\. blocks='([^']+)'", str(refused.value))
+    assert suggested, str(refused.value)
+    assert suggested.group(1) == "embed,mixer,head"
+    profile = profile_model(load_model_file(path), Settings(blocks=suggested.group(1)))
+    assert [b.path for b in profile.blocks] == ["embed", "mixer", "head"]
 
 
 def test_ops_carry_module_paths_and_flags(tiny_gpt) -> None:

@@ -180,8 +180,8 @@ def find_units(
     if not chosen:
         raise CkptplanError(
             f"{type(model).__name__} has no nn.ModuleList or nn.Sequential of repeated blocks "
-            "whose outputs need a gradient; name the blocks with "
-            f"{option('blocks')}, e.g. {option('blocks', example_paths(model))}"
+            f"whose outputs need a gradient; name the blocks with {option('blocks')}"
+            + _suggestion(modules, calls)
         )
     return _unit_calls(chosen, modules, calls)
 
@@ -276,8 +276,49 @@ def _feed_one_another(units: list[str], calls: dict[str, _Call]) -> bool:
     return 2 * linked >= len(pairs)
 
 
-def example_paths(model: torch.nn.Module) -> str:
-    return example_paths_of(dict(model.named_modules()))
+def _suggestion(modules: dict[str, torch.nn.Module], calls: dict[str, _Call]) -> str:
+    """Blocks to name that ``find_units`` accepts, as the rest of the error's sentence.
+
+    The first module paths would be nested (one region) and the weights may lie deeper, so
+    this walks down from the model while one child holds most of the weights and has blocks
+    of its own, and names that module's children that can be units as they are: each called
+    once, with weights and an output that needs a gradient (``_checkpointable``).
+    """
+    path = ""
+    while True:
+        heaviest = max(_children(path, modules), key=lambda c: _size(modules[c]), default=None)
+        if heaviest is None or 2 * _size(modules[heaviest]) <= _size(modules[path]):
+            break
+        if len(_units_as_they_are(heaviest, modules, calls)) < 2:
+            break
+        path = heaviest
+    units = _units_as_they_are(path, modules, calls)
+    if not units:
+        return "; no submodule here is called once with an output that needs a gradient"
+    share = sum(_size(modules[u]) for u in units) / _size(modules[""])
+    return (
+        f", e.g. {option('blocks', ','.join(units))} (the children of {path or 'the model'} "
+        f"that run once and hold weights: {share:.0%} of the model's parameters)"
+    )
+
+
+def _children(path: str, modules: dict[str, torch.nn.Module]) -> list[str]:
+    return [f"{path}.{name}" if path else name for name, _ in modules[path].named_children()]
+
+
+def _size(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def _units_as_they_are(
+    path: str, modules: dict[str, torch.nn.Module], calls: dict[str, _Call]
+) -> list[str]:
+    """The children of ``path`` that ``blocks=`` can name as units: checkpointable, one call."""
+    return [
+        child
+        for child in _children(path, modules)
+        if _checkpointable(child, modules, calls) and calls[child].count == 1
+    ]
 
 
 def example_paths_of(modules: dict[str, torch.nn.Module]) -> str:
