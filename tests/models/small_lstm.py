@@ -1,5 +1,6 @@
 """A small LSTM language model for fast tests: four one-layer ``nn.LSTM``s in a ModuleList
-(``StackedLSTM``, the model file's model) or one ``nn.LSTM`` of four layers (``OneLSTM``)."""
+(``StackedLSTM``, the model file's model), one ``nn.LSTM`` of four layers (``OneLSTM``), or
+four one-layer ``nn.GRU``s (``StackedGRU``)."""
 
 import torch
 from torch import nn
@@ -19,6 +20,12 @@ class StackedLSTM(nn.Module):
         for layer in self.layers:
             hidden, _ = layer(hidden)
         return nn.functional.cross_entropy(self.head(hidden).flatten(0, 1), labels.flatten())
+
+
+class StackedGRU(StackedLSTM):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.GRU(WIDTH, WIDTH, batch_first=True) for _ in range(LAYERS))
 
 
 class OneLSTM(nn.Module):
