@@ -165,3 +165,28 @@ def test_a_factory_that_is_not_there(run, plan_file, tmp_path, command, spec, fr
 )
 def test_a_bad_sweep_flag(run, tiny_gpt, args: list[str], fragment: str) -> None:
     assert_one_line_error(run("sweep", tiny_gpt, *args), fragment)
+
+
+@pytest.mark.parametrize("flag", ["-o", "--weights"])
+def test_rewrite_into_a_missing_folder_is_refused_before_the_work(
+    run, tiny_gpt, plan_file, tmp_path, flag: str
+) -> None:
+    """It did the work, then exited 3 with an internal FileNotFoundError."""
+    missing = tmp_path / "no" / "such" / "out.py"
+    output = missing if flag == "-o" else tmp_path / "out.py"
+    extra = ["--weights", missing.with_suffix(".pt")] if flag == "--weights" else []
+    result = run("rewrite", tiny_gpt, plan_file, "-o", output, *extra)
+    assert_one_line_error(result, flag, "does not exist")
+
+
+def test_rewrite_takes_an_hf_model(run, plan_file, tmp_path) -> None:
+    """``rewrite hf:DIR`` said 'model file hf:DIR not found; pass ... or hf:NAME_OR_DIR'."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(
+        vocab_size=128, n_embd=32, n_layer=2, n_head=2, architectures=["GPT2LMHeadModel"]
+    )
+    config.save_pretrained(tmp_path)
+    result = run("rewrite", f"hf:{tmp_path}", plan_file, "-o", tmp_path / "out.py")
+    assert "not found" not in result.output
+    # The plan is tiny_gpt's: the hf: model is built and found not to be the plan's model.
+    assert_one_line_error(result, "GPT2LMHeadModel")

@@ -242,7 +242,7 @@ def profile_command(model: str, depth: int, top: int, step: ProfileOptions, as_j
         show_profile(result, console(), depth, top)
 
 
-@cli.command(epilog="MODEL: a model file (model.py) or MODULE:FUNCTION.")
+@cli.command(epilog="MODEL: a model file (model.py), MODULE:FUNCTION or hf:NAME_OR_DIR.")
 @model_argument
 @click.argument("plan_file", type=click.Path(dir_okay=False))
 @click.option(
@@ -278,6 +278,9 @@ def rewrite(
     """
     from ckptplan.rewriting.graph import rewrite_file
 
+    writable_destination(output, "-o")
+    if weights is not None:
+        writable_destination(weights, "--weights")
     module, source, weights_file = rewrite_file(
         model, plan_file, output, weights=weights, state_dict=state_dict, force=force
     )

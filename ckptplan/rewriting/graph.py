@@ -49,6 +49,7 @@ from ckptplan.applying.policy import selective
 from ckptplan.budget import format_bytes
 from ckptplan.errors import CkptplanError, option
 from ckptplan.fingerprint import check_model_matches
+from ckptplan.hub import HubModel, is_hub_name
 from ckptplan.loading import load_model_file
 from ckptplan.plan import Plan, Region, as_plan
 from ckptplan.policy_types import OpCall, Policy
@@ -316,7 +317,8 @@ def rewrite_file(
     """``ckptplan rewrite``: the model file's model (with ``state_dict``'s weights if given)
     rewritten and saved; the module, the source file and the weights file.
     """
-    workload = load_model_file(model_file)
+    name = str(model_file)
+    workload = HubModel.parse(name) if is_hub_name(name) else load_model_file(model_file)
     torch.manual_seed(0)
     model = workload.build()
     if state_dict is not None:
