@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ckptplan
-from ckptplan.applying.guards import BatchWarning
+from ckptplan.applying.guards import BatchWarning, TargetWarning
 from ckptplan.errors import CkptplanError
 from ckptplan.loading import call_model, load_model_file
 from tests.conftest import MODELS
@@ -48,3 +48,21 @@ def test_hugging_face_checkpointing_switched_on_after_apply_is_refused() -> None
     model.activation_checkpointing_enable()
     with pytest.raises(CkptplanError, match="checkpointed twice"):
         _step(workload, model, 2)
+
+
+def test_a_plan_for_a_gpu_warns_once_when_it_trains_on_the_cpu() -> None:
+    """A plan made with ``--target h100`` trained on the CPU without a word; ``apply`` may
+    come before ``.to("cuda")``, so the first forward warns, once."""
+    workload = load_model_file(MODELS / "tiny_gpt.py")
+    for target, warns in (("h100", True), ("cpu", False)):
+        plan = ckptplan.solve(MODELS / "tiny_gpt.py", budget="1.0", target=target, batch_size=2)
+        torch.manual_seed(0)
+        model = ckptplan.apply(workload.build().train(), plan)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _step(workload, model, 2)
+            _step(workload, model, 2)
+        targets = [w for w in caught if issubclass(w.category, TargetWarning)]
+        assert len(targets) == (1 if warns else 0)
+        if warns:
+            assert "made for h100" in str(targets[0].message)

@@ -81,6 +81,40 @@ class BatchGuard:
         warnings.warn(message, BatchWarning, stacklevel=3)
 
 
+class TargetWarning(UserWarning):
+    """The model trains on another kind of device than the plan was made for."""
+
+
+class TargetGuard:
+    """A forward pre-hook on the planned model: warns once when the first batch it sees lies
+    on another kind of device than the plan's target (a plan for an H100 priced GPU kernels
+    and memory; on the CPU its peak does not hold, and the reverse). ``apply`` may rightly
+    come before ``model.to("cuda")``, so the check waits for the first forward."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.kind = "cpu" if target == "cpu" else "cuda"
+        self.checked = False
+
+    def __call__(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+        if self.checked or torch.compiler.is_compiling():
+            return
+        tensor = next(input_tensors((args, kwargs)), None)
+        if tensor is None:
+            return
+        self.checked = True
+        if tensor.device.type == self.kind:
+            return
+        here = tensor.device.type
+        fix = option("target", "cpu") if here == "cpu" else f"{option('target')} naming this GPU"
+        message = (
+            f"ckptplan: the plan was made for {self.target}, but this step runs on {here}, so "
+            f"its predicted peak does not hold here; solve again with {fix}"
+        )
+        log.warning("%s", message)
+        warnings.warn(message, TargetWarning, stacklevel=3)
+
+
 def hf_checkpointing_layers(members: Iterable[torch.nn.Module]) -> list[torch.nn.Module]:
     """The modules under ``members`` that Hugging Face's checkpointing can switch on."""
     return [

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from ckptplan.applying.calls import CallRoute, StepStart
-from ckptplan.applying.guards import BatchGuard
+from ckptplan.applying.guards import BatchGuard, TargetGuard
 from ckptplan.applying.region import RegionRun
 from ckptplan.applying.stats import AppliedPlan, RegionStats, Reporter, region_name
 from ckptplan.errors import CkptplanError
@@ -253,6 +253,7 @@ def apply(
     applied.nested = tuple(installer.nested)
     model.ckptplan_applied = applied
     model.register_forward_pre_hook(BatchGuard(plan.inputs), with_kwargs=True)
+    model.register_forward_pre_hook(TargetGuard(plan.settings.device), with_kwargs=True)
     if installer.routes:
         model.register_forward_pre_hook(StepStart(list(installer.routes.values())))
     log.info("%s", applied)
