@@ -14,6 +14,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import ckptplan
+from ckptplan.errors import CkptplanError
 from ckptplan.profiling import rnn
 from ckptplan.profiling.memtrack import real_storage_bytes
 from tests.conftest import MODELS, ROOT
@@ -91,6 +92,13 @@ def test_one_multi_layer_lstm_named_as_a_block_is_predicted_right() -> None:
     assert abs(check.predicted_peak_bytes - check.measured_peak_bytes) <= (
         0.03 * check.measured_peak_bytes
     )
+
+
+def test_one_multi_layer_lstm_without_blocks_is_told_how_to_split_it() -> None:
+    model, batch = small_lstm.OneLSTM(), small_lstm.example_inputs()
+    with pytest.raises(CkptplanError, match=r"nn\.ModuleList of one-layer nn\.LSTMs") as refused:
+        ckptplan.profile(model, batch)
+    assert "\n" not in str(refused.value)
 
 
 def test_a_plan_for_a_gpu_counts_cudnns_reserve() -> None:

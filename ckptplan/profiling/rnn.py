@@ -84,6 +84,22 @@ def workspace_bytes(func: Any, args: Any, tensor: torch.Tensor) -> int:
     return _workspaces[key]
 
 
+def stacked_layers_advice(modules: dict[str, torch.nn.Module]) -> str:
+    """The end of the error for a model with no blocks to find, where its layers are one
+    multi-layer recurrent module: checkpointed whole, it recomputes every layer at once in
+    backward, where an unchecked step peaks too, so its layers should be modules of their own."""
+    for path, module in modules.items():
+        if isinstance(module, torch.nn.RNNBase) and module.num_layers > 1:
+            kind = type(module).__name__
+            return (
+                f"; {path} (an nn.{kind} of {module.num_layers} layers) is one block, and "
+                "checkpointed whole it recomputes all its layers at once in backward: to plan "
+                f"them one by one, build them as an nn.ModuleList of one-layer nn.{kind}s (as "
+                "sample_models/zoo/lstm_stack.py does)"
+            )
+    return ""
+
+
 def cudnn_reserve_bytes(layer: _Layer) -> int:
     """A conservative estimate of cuDNN's training reserve for ``layer``, not measured.
 

@@ -51,6 +51,7 @@ from torch.utils import _pytree as pytree
 from ckptplan.errors import CkptplanError, option
 from ckptplan.plan import Region
 from ckptplan.policy_types import Choice, OpCall, Policy
+from ckptplan.profiling.rnn import stacked_layers_advice
 from ckptplan.unit_names import split_unit, unit_name
 
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential)
@@ -182,6 +183,7 @@ def find_units(
             f"{type(model).__name__} has no nn.ModuleList or nn.Sequential of repeated blocks "
             f"whose outputs need a gradient; name the blocks with {option('blocks')}"
             + _suggestion(modules, calls)
+            + stacked_layers_advice(modules)
         )
     return _unit_calls(chosen, modules, calls)
 
