@@ -26,6 +26,7 @@ from ckptplan.verifying.steppeak import StepRun, measured_peak
 from tests.conftest import ROOT
 
 ALBERT = ROOT / "tests" / "models" / "tiny_albert.py"
+ZOO = ROOT / "sample_models" / "zoo"
 GROUP = "albert.encoder.albert_layer_groups.0"
 
 
@@ -80,20 +81,53 @@ def test_a_plan_of_calls_fits_its_budget_with_the_unchecked_gradients() -> None:
     assert check.max_grad_abs_diff <= 1e-6
 
 
+def _every_call_checkpointed_peak(model_file: Path, modules: tuple[str, ...]) -> int:
+    """The allocator's peak of the step with torch's checkpoint around each of ``modules``'
+    forward, so around every call of it."""
+    workload = load_model_file(model_file)
+    torch.manual_seed(0)
+    model, inputs = workload.build().train(), workload.inputs()
+    with checkpointed([(path, model.get_submodule(path)) for path in modules], None):
+        run = StepRun(model, make_optimizer("adamw", model), inputs)
+        return measured_peak(workload, run, torch.device("cpu"))[0]
+
+
+def _least_peak(model_file: Path) -> int:
+    with pytest.raises(BelowLeastPeak) as refused:
+        ckptplan.solve(model_file, budget="1", solver="dp")
+    return refused.value.least_bytes
+
+
 def test_the_least_peak_is_at_most_checkpointing_every_call() -> None:
     """ALBERT in transformers 5 has no gradient checkpointing of its own (no checkpointing
-    layer), so the baseline is torch's checkpoint around the layer group's forward: every
-    call checkpointed."""
-    with pytest.raises(BelowLeastPeak) as refused:
-        ckptplan.solve(ALBERT, budget="1", solver="dp")
-    workload = load_model_file(ALBERT)
-    torch.manual_seed(0)
-    model, inputs = workload.build().train(), workload.inputs(4)
-    group = model.get_submodule(GROUP)
-    with checkpointed([(GROUP, group)], None):
-        run = StepRun(model, make_optimizer("adamw", model), inputs)
-        every_call, _ = measured_peak(workload, run, torch.device("cpu"))
-    assert refused.value.least_bytes <= every_call
+    layer), so the baseline is torch's checkpoint around the layer group: every call."""
+    assert _least_peak(ALBERT) <= _every_call_checkpointed_peak(ALBERT, (GROUP,))
+
+
+def test_each_view_of_a_two_view_step_is_its_own_units() -> None:
+    units = [b.path for b in ckptplan.profile(ZOO / "simclr_two_view.py", batch_size=4).blocks]
+    view = ["stem", *(f"blocks.{i}" for i in range(4)), "head"]
+    assert units == [f"{u}#0" for u in view] + [f"{u}#1" for u in view]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "modules"),
+    [
+        ("hf_albert", (GROUP,)),
+        ("simclr_two_view", ("stem", *(f"blocks.{i}" for i in range(4)), "head")),
+    ],
+)
+def test_zoo_plans_of_calls_reach_checkpointing_every_call_and_fit(
+    name: str, modules: tuple[str, ...]
+) -> None:
+    model_file = ZOO / f"{name}.py"
+    assert _least_peak(model_file) <= _every_call_checkpointed_peak(model_file, modules)
+    for budget in ("80%", "60%", "40%"):
+        plan = ckptplan.solve(model_file, budget=budget)
+        check = ckptplan.verify(model_file, plan, repeats=1)
+        assert check.measured_peak_bytes <= plan.budget.bytes, budget
+        assert check.max_grad_abs_diff <= 1e-6, budget
 
 
 def test_apply_checkpoints_exactly_the_planned_calls_step_after_step() -> None:
@@ -125,6 +159,26 @@ def test_calls_joined_in_one_region_run_from_the_first_and_extra_calls_run_unche
     assert [(s.forwards, s.recomputes) for s in planned.ckptplan_applied.stats] == [(1, 1)]
     for name, grad in _gradients(reference).items():
         torch.testing.assert_close(_gradients(planned)[name], grad, atol=1e-6, rtol=0)
+
+
+def test_a_shared_batchnorm_checkpointed_in_its_second_call_keeps_exact_gradients() -> None:
+    """Recomputing the second view's block puts the BatchNorm statistics back as its forward
+    left them, without a new version of them: the first view's unchecked call saved them."""
+    workload = load_model_file(ZOO / "simclr_two_view.py")
+    torch.manual_seed(0)
+    model, views = workload.build(), workload.inputs(4)
+    reference = copy.deepcopy(model)
+    plan = ckptplan.solve(
+        model, views, budget="100%", solver="none", fake_run=False, loss_fn=workload.loss
+    )
+    regions = (Region(("blocks.1",), calls=(1,)), Region(("blocks.2",), calls=(0,)))
+    planned = ckptplan.apply(model, replace(plan, regions=regions))
+    workload.loss(planned(*views)).backward()
+    workload.loss(reference(*views)).backward()
+    for name, grad in _gradients(reference).items():
+        torch.testing.assert_close(_gradients(planned)[name], grad, atol=1e-6, rtol=0)
+    for name, buffer in reference.named_buffers():
+        torch.testing.assert_close(planned.get_buffer(name), buffer, atol=0, rtol=0)
 
 
 def test_a_planned_model_compiles_once() -> None:

@@ -87,9 +87,12 @@ class RegionRun:
             with GpuAttention() if self.emulating else nullcontext():
                 return self._members(args, kwargs)
         finally:
+            # Through ``.data``, which has a version counter of its own: a BatchNorm's forward
+            # saves its running statistics for backward, and a shared module's other calls
+            # (unchecked, or recomputed later) must find them at the version they saved.
             with torch.no_grad(), _disable_current_modes():
                 for buffer, value in zip(self.stateful, kept, strict=True):
-                    buffer.copy_(value)
+                    buffer.data.copy_(value)
 
     def _members(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         outs: list[Any] = []
