@@ -156,10 +156,10 @@ def _zeros_like(t: torch.Tensor) -> torch.Tensor:
 def _mkldnn_layer(args: Any) -> _Layer:
     """``mkldnn_rnn_layer(input, w_ih, w_hh, b_ih, b_hh, hx, cx, reverse, batch_sizes, mode,
     hidden_size, num_layers, has_biases, bidirectional, batch_first, train)``: one layer and
-    one direction per call."""
-    x, hidden, batch_first = args[0], args[10], args[14]
-    steps, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
-    return _Layer(args[9], steps, batch, hidden, hidden, 1, 1, x.element_size())
+    one direction per call, its input time-major whatever ``batch_first`` says (torch's LSTM
+    transposes it first)."""
+    x, hidden = args[0], args[10]
+    return _Layer(args[9], x.shape[0], x.shape[1], hidden, hidden, 1, 1, x.element_size())
 
 
 def _cudnn_layer(args: Any) -> _Layer:
