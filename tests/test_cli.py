@@ -306,7 +306,7 @@ def test_progress_names_each_phase_and_stays_off_pipes(tiny_gpt, monkeypatch) ->
 def test_regions_are_listed_compactly() -> None:
     from ckptplan.plan import Region
     from ckptplan.policy_types import OpCall, Policy
-    from ckptplan.profiling.units import describe_regions
+    from ckptplan.profiling.describe import describe_regions
 
     ops = ["aten.addmm.default#0", "aten.addmm.default#1", "aten.mm.default#0", "aten.bmm.out#0"]
     keeps = Policy(tuple(map(OpCall.parse, ops)))

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from ckptplan.budget import format_bytes
 from ckptplan.phase import Phase
-from ckptplan.profiling.units import describe_units
+from ckptplan.profiling.describe import describe_units
 
 
 def _at_depth(path: str, depth: int) -> str:

@@ -11,7 +11,7 @@ from rich.table import Table
 from ckptplan.budget import format_bytes
 from ckptplan.plan import Plan
 from ckptplan.prediction import Prediction
-from ckptplan.profiling.units import describe_regions, describe_units
+from ckptplan.profiling.describe import describe_regions, describe_units
 
 
 def _regions_text(plan: Plan) -> str:
