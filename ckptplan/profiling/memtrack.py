@@ -27,6 +27,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode_temporarily
 
+from ckptplan.profiling.gradsum import engine_sum_operand
 from ckptplan.profiling.rnn import workspace_bytes
 
 _UNREDUCED_LOSSES = frozenset(
@@ -110,6 +111,9 @@ class TrackedPhase:
 class LiveStorageTracker(TorchDispatchMode):
     """Tracks live bytes of storages created while active, with labelled phases."""
 
+    engine_sums_in_place = True
+    """Count the autograd engine's sums of gradients as the real engine makes them (``gradsum``)."""
+
     def __init__(
         self, exclude: Iterable[torch.Tensor] = (), block: int = 1, workspaces: Any = None
     ) -> None:
@@ -134,9 +138,18 @@ class LiveStorageTracker(TorchDispatchMode):
         """The op whose outputs are being tracked, and its arguments."""
         self.ops = 0
         """Ops dispatched so far (to tell whether any code ran between two points)."""
+        self._sum: tuple[int, int] | None = None
+        """The autograd engine's last sum of gradients, counted in place until its first
+        operand is seen to outlive it (``gradsum``): that operand's key, and the live bytes
+        had the sum been out of place."""
+
+    def __exit__(self, *exc: Any) -> None:
+        self._settle_sum()
+        super().__exit__(*exc)
 
     def mark(self, label: str) -> None:
         """Start a new phase now."""
+        self._settle_sum()
         activations = self.live - self.gradients
         self.phases.append(TrackedPhase(label, self.live, self.live, self.gradients, activations))
 
@@ -154,20 +167,28 @@ class LiveStorageTracker(TorchDispatchMode):
 
     def count(self, tensor: torch.Tensor) -> None:
         """Count a storage made outside dispatch (while it lives)."""
+        self._settle_sum()
         self._track(tensor)
 
     def size_of(self, key: int) -> int:
         return self._sizes.get(key, 0)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self._settle_sum()
         before = self.live
         out = func(*args, **(kwargs or {}))
         self.ops += 1
+        in_place = self.engine_sums_in_place
+        operand = engine_sum_operand(func, args, kwargs or {}, out) if in_place else None
         self._op = (func, args)
         try:
-            for leaf in pytree.tree_leaves(out):
-                if isinstance(leaf, torch.Tensor):
-                    self._track(leaf)
+            if operand is not None and storage_key(operand) in self._sizes:
+                self._track(out, raise_peak=False)
+                self._sum = (storage_key(operand), self.live)
+            else:
+                for leaf in pytree.tree_leaves(out):
+                    if isinstance(leaf, torch.Tensor):
+                        self._track(leaf)
         finally:
             self._op = None
         if self.workspaces is not None:
@@ -186,7 +207,18 @@ class LiveStorageTracker(TorchDispatchMode):
             phase.peak = max(phase.peak, live)
             phase.activation_peak = max(phase.activation_peak, activations)
 
-    def _track(self, tensor: torch.Tensor) -> None:
+    def _settle_sum(self) -> None:
+        """Once the sum is out of its op: where its first operand still lives, the real engine
+        added out of place too, so its peak had both."""
+        if self._sum is not None:
+            operand, live = self._sum
+            self._sum = None
+            if operand in self._sizes:
+                self.peak_at(live)
+
+    def _track(self, tensor: torch.Tensor, raise_peak: bool = True) -> None:
+        """Count ``tensor``'s storage if new, raising the peak unless told not to (a sum that
+        may be in place)."""
         storage = tensor.untyped_storage()
         key = storage._cdata
         if key in self._sizes or key in self._known:
@@ -195,13 +227,8 @@ class LiveStorageTracker(TorchDispatchMode):
         self._sizes[key] = size
         self.allocated_in[key] = len(self.phases) - 1
         self.live += size
-        self.peak = max(self.peak, self.live)
-        activations = self.live - self.gradients
-        self.activation_peak = max(self.activation_peak, activations)
-        if self.phases:
-            phase = self.phases[-1]
-            phase.peak = max(phase.peak, self.live)
-            phase.activation_peak = max(phase.activation_peak, activations)
+        if raise_peak:
+            self.peak_at(self.live)
         weakref.finalize(storage, self._free, key)
 
     def _free(self, key: int) -> None:
@@ -239,6 +266,8 @@ class CompiledStepTracker(LiveStorageTracker):
     """
 
     supports_higher_order_operators = True
+    engine_sums_in_place = False
+    """A compiled backward's graph sums gradients with its own adds, which inductor plans."""
 
     @classmethod
     def is_infra_mode(cls) -> bool:
