@@ -15,6 +15,7 @@ _API = {
     "solve": "ckptplan.api",
     "apply": "ckptplan.autoplan",
     "verify": "ckptplan.api",
+    "fit": "ckptplan.capacity",
     "profile": "ckptplan.api",
     "Plan": "ckptplan.plan",
     "HubModel": "ckptplan.hub",

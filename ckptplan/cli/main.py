@@ -23,6 +23,7 @@ from ckptplan.cli.boundary import (
     report_internal,
     user_errors,
 )
+from ckptplan.cli.fit import fit_command
 from ckptplan.cli.options import (
     MODEL_HELP,
     hub_options,
@@ -382,6 +383,7 @@ def gap(model: str, budget: str, time_limit: float, step: ProfileOptions, as_jso
         show_gap(report, console())
 
 
+cli.add_command(fit_command)
 cli.add_command(remat)
 cli.add_command(sweep_command)
 

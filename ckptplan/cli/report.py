@@ -275,3 +275,30 @@ def show_gap(report: Any, console: Console) -> None:
                 else ""
             )
         )
+
+
+def show_fit(result: Any, console: Console) -> None:
+    """Every size ``fit`` asked: its plan's peak (or the least peak that refused it), the plan
+    in brief, the predicted overhead and throughput; then the answer and why."""
+    unit = "samples/s" if result.vary == "batch" else "tokens/s"
+    budget = format_bytes(result.budget_bytes)
+    table = Table(title=f"{result.vary} sizes against the budget {budget}")
+    for column in (result.vary, "fits", "peak", "plan", "overhead", unit):
+        table.add_column(column, justify="left" if column == "plan" else "right")
+    like = result.budget_bytes
+    for p in result.points:
+        table.add_row(
+            str(p.size),
+            "✓" if p.fits else "✗",
+            format_bytes(p.peak_bytes, like) + ("" if p.fits else " least"),
+            p.regions,
+            "" if p.overhead is None else f"+{100 * p.overhead:.1f}%",
+            "" if p.throughput is None else f"{p.throughput:.4g}",
+        )
+    console.print(table)
+    console.print(f"largest {result.vary} that fits: [bold]{result.largest}[/]")
+    console.print(f"recommended: [bold]{result.recommended}[/] ({result.reason})")
+    console.print(
+        "[dim]throughput and overhead are predicted (the target's roofline); peaks are the "
+        "plans' predicted peaks, each confirmed on fake tensors[/]"
+    )
