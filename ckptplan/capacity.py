@@ -32,7 +32,6 @@ from ckptplan.errors import BelowLeastPeak, CkptplanError, option
 from ckptplan.hub import HubModel
 from ckptplan.options import Parallel, ProfileOptions, SolveOptions
 from ckptplan.plan import Plan
-from ckptplan.profiling.describe import describe_regions
 from ckptplan.progress import QUIET, Progress
 
 VARY = ("batch", "seq-len")
@@ -56,9 +55,20 @@ class FitPoint:
 
     @property
     def regions(self) -> str:
+        """The plan in brief: how many of the blocks its regions cover, and how."""
         if self.plan is None:
             return ""
-        return describe_regions(self.plan.regions) if self.plan.regions else "no checkpointing"
+        regions = self.plan.regions
+        if not regions:
+            return "no checkpointing"
+        covered = sum(len(r.modules) for r in regions)
+        text = f"{len(regions)} regions over {covered} of {len(self.plan.blocks)} blocks"
+        selective = [r for r in regions if r.policy is not None]
+        if selective:
+            text += f", {len(selective)} selective"
+        if any(r.policy is not None and r.policy.offloads for r in regions):
+            text += ", offloading"
+        return text
 
     def to_json(self) -> dict[str, Any]:
         return {
