@@ -137,8 +137,10 @@ def fit(
             "model file's example_inputs set their own sequence length"
         )
     step = profile_options or ProfileOptions()
-    if vary == "seq-len" and step.batch_size is None:
-        step = replace(step, batch_size=1)
+    if vary == "seq-len":
+        assert isinstance(workload, HubModel)
+        step = replace(step, batch_size=step.batch_size or 1)
+        max_size = min(max_size, workload.position_limit or max_size)
 
     searching = replace(solve_options or SolveOptions(), fake_run=False)
     confirming = replace(searching, fake_run=(solve_options or SolveOptions()).fake_run)
@@ -228,15 +230,20 @@ def _answer(vary: str, budget_bytes: int, points: tuple[FitPoint, ...]) -> Fit:
     limit = (
         f"{vary} {refused.size} needs {format_bytes(refused.peak_bytes)} at least"
         if refused is not None
-        else "the largest size asked, --max-size"
+        else "no larger size asked: --max-size, or the model's positions"
     )
     if best is largest:
         reason = f"{vary} {largest.size} is the largest that fits ({limit}) and the fastest"
     else:
         gain = (best.throughput or 0.0) / (largest.throughput or 1.0) - 1
+        why = (
+            f"its recompute costs +{best.overhead or 0:.0%} of a step against "
+            f"+{largest.overhead or 0:.0%}"
+            if (best.overhead or 0) < (largest.overhead or 0)
+            else "the step's time grows faster than its size beyond it"
+        )
         reason = (
             f"{vary} {best.size} is predicted {gain:.0%} faster than the largest, "
-            f"{largest.size} ({limit}): its recompute costs +{best.overhead or 0:.0%} of a "
-            f"step against +{largest.overhead or 0:.0%}"
+            f"{largest.size} ({limit}): {why}"
         )
     return Fit(vary, budget_bytes, points, largest.size, best.size, reason)

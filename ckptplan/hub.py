@@ -91,6 +91,14 @@ class HubModel:
     def name(self) -> str:
         return f"{HUB_PREFIX}{self.source}"
 
+    @property
+    def position_limit(self) -> int | None:
+        """The longest sequence the config's positions take, if it says."""
+        config = self.config
+        return getattr(config, "max_position_embeddings", None) or getattr(
+            config, "n_positions", None
+        )
+
     def sized_as(self, signature: Any) -> HubModel:
         """The inputs' sizes a plan recorded (its ``inputs``), where this one leaves them to
         their defaults: ``verify hf:DIR plan.json`` measures the batch the plan was made for,
@@ -171,9 +179,7 @@ class HubModel:
         vocab = getattr(config, "vocab_size", None)
         if not vocab:
             raise CkptplanError(f"{self.name}: its config has no vocab_size to draw tokens from")
-        limit = getattr(config, "max_position_embeddings", None) or getattr(
-            config, "n_positions", None
-        )
+        limit = self.position_limit
         seq_len = self.seq_len or DEFAULT_SEQ_LEN
         if limit is not None and seq_len > limit:
             raise CkptplanError(

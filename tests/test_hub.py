@@ -141,3 +141,11 @@ def test_sizes_not_given_are_the_plans() -> None:
     assert HubModel("x", seq_len=64).sized_as(recorded).seq_len == 64
     pixels = {"pixel_values": [[2, 3, 96, 96], "torch.float32"]}
     assert HubModel("x").sized_as(pixels).image_size == 96
+
+
+def test_fit_finds_the_longest_sequence_that_fits(folders) -> None:
+    model = HubModel(str(folders["gpt2"]))
+    answer = ckptplan.fit(model, budget="3MB", vary="seq-len")
+    sizes = {p.size: p for p in answer.points}
+    assert sizes[answer.largest].fits and not sizes[answer.largest + 1].fits
+    assert answer.largest < 256  # below the config's positions, so the budget decides
