@@ -1,6 +1,8 @@
 """Predictions against a CUDA GPU: plans made for the GPU on fake tensors, measured on it.
 
-Two models in bf16, each at three budgets between the least feasible and the unchecked peak:
+Two models in bf16, each at three budgets between the least feasible and the unchecked peak
+(and one ``fit`` point: the largest batch of the GPT sample within its unchecked peak at the
+check's batch, that batch's plan measured on the device):
 the GPT sample and Hugging Face's Llama (GQA, its ``sdpa`` attention, which runs flash
 attention on the GPU). For each plan: ``torch.cuda.max_memory_allocated`` and
 ``max_memory_reserved`` against the prediction, measured step-time overhead against the
@@ -118,6 +120,38 @@ def check_model(name: str, setup: Setup) -> dict[str, Any]:
     return row
 
 
+def fit_point(setup: Setup) -> dict[str, Any]:
+    """``fit`` for the GPU at the GPT sample's unchecked peak at the check's batch: the
+    largest batch its plans fit, that batch's plan measured on the device, the next refused."""
+    path = MODELS["gpt"]
+    step = ckptplan.ProfileOptions(target=setup.kind, dtype="bf16")
+    unchecked = ckptplan.solve(
+        path,
+        budget="100%",
+        solver="none",
+        fake_run=False,
+        profile_options=step,
+        batch_size=setup.batch_size,
+    )
+    budget = unchecked.predicted.peak_bytes
+    started = time.perf_counter()
+    answer = ckptplan.fit(path, budget=budget, max_size=4 * setup.batch_size, profile_options=step)
+    seconds = time.perf_counter() - started
+    sizes = {p.size: p for p in answer.points}
+    plan = answer.plan_for(answer.largest)
+    check = ckptplan.verify(path, plan, run_on=setup.target, repeats=setup.repeats)
+    return {
+        "budget_bytes": budget,
+        "largest": answer.largest,
+        "recommended": answer.recommended,
+        "fit_seconds": seconds,
+        "allocated_bytes": check.measured_peak_bytes,
+        "within_budget": check.within_budget,
+        "next_refused": answer.largest + 1 in sizes and not sizes[answer.largest + 1].fits,
+        "grads_match": check.grads_match,
+    }
+
+
 def _peer(result: Any) -> dict[str, Any]:
     return {
         "allocated_bytes": result.measured_peak_bytes,
@@ -138,6 +172,7 @@ def run(self_test: bool) -> dict[str, Any]:
         setup = Setup(device_kind(), "cuda", 16, FRACTIONS, 3, compile_peer=True)
     started = time.perf_counter()
     rows = [check_model(name, setup) for name in MODELS]
+    fitted = fit_point(setup)
     return {
         "device": "cpu" if self_test else torch.cuda.get_device_name(0),
         "device_kind": setup.kind,
@@ -145,6 +180,7 @@ def run(self_test: bool) -> dict[str, Any]:
         "self_test": self_test,
         "seconds": time.perf_counter() - started,
         "models": rows,
+        "fit": fitted,
         "all_within_budget": all(p["within_budget"] for r in rows for p in r["points"]),
         "all_grads_match": all(p["grads_match"] for r in rows for p in r["points"]),
         "max_prediction_error": max(p["prediction_error"] for r in rows for p in r["points"]),

@@ -24,4 +24,6 @@ def test_the_gpu_check_self_test_plans_measures_and_writes_its_results(monkeypat
     assert result["max_prediction_error"] <= 0.03
     llama = result["models"][1]
     assert llama["hf_every_layer"]["allocated_bytes"] >= llama["least_bytes"]
+    fitted = result["fit"]
+    assert fitted["within_budget"] and fitted["grads_match"] and fitted["largest"] >= 1
     json.dumps(result)
