@@ -2,7 +2,7 @@
 scale.
 
 For GPT-2, Llama, BERT and ViT (``sample_models/zoo/``, library defaults) at two absolute
-budgets each (0.6x and 1.2x the predicted unchecked peak at batch 8):
+budgets each (the least feasible and the unchecked peak at batch 8, as ``solve`` finds them):
 
 1. ``fit`` names the largest batch; the plan at that batch is run for real (``verify``): its
    allocator-measured peak must be within the budget, its gradients the unchecked model's;
@@ -32,19 +32,28 @@ import torch
 
 import ckptplan
 from ckptplan.capacity import Fit, FitPoint
+from ckptplan.errors import BelowLeastPeak
 from ckptplan.options import Parallel, ProfileOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 ZOO = ROOT / "sample_models" / "zoo"
 RESULTS = ROOT / "benchmarks" / "results"
 MODELS = ("hf_gpt2", "hf_llama_gqa", "hf_bert", "hf_vit")
-SCALES = (0.6, 1.2)
+BATCH = 8
 SHAPES = "benchmarks.models.llama_shapes"
 
 
-def unchecked_peak(model: Path, batch: int) -> int:
-    plan = ckptplan.solve(model, budget="100%", solver="none", fake_run=False, batch_size=batch)
-    return plan.predicted.peak_bytes
+def budgets(model: Path, batch: int) -> tuple[int, int]:
+    """The least feasible and the unchecked peak at ``batch``: budgets at which that batch
+    fits only checkpointed, and fits unchecked."""
+    try:
+        ckptplan.solve(model, budget="1", batch_size=batch)
+    except BelowLeastPeak as refused:
+        least = refused.least_bytes
+    unchecked = ckptplan.solve(
+        model, budget="100%", solver="none", fake_run=False, batch_size=batch
+    )
+    return least, unchecked.predicted.peak_bytes
 
 
 def measured(model: Path, point: FitPoint) -> dict[str, Any]:
@@ -74,9 +83,8 @@ def compared_with(result: Fit) -> FitPoint | None:
     return below[-1] if below else None
 
 
-def zoo_row(name: str, scale: float) -> dict[str, Any]:
+def zoo_row(name: str, budget: int) -> dict[str, Any]:
     model = ZOO / f"{name}.py"
-    budget = int(scale * unchecked_peak(model, 8))
     started = time.perf_counter()
     result = ckptplan.fit(model, budget=budget, max_size=256)
     seconds = time.perf_counter() - started
@@ -138,8 +146,8 @@ def main() -> None:
     torch.set_num_threads(1)
     rows = []
     for name in args.models.split(","):
-        for scale in SCALES:
-            row = zoo_row(name, scale)
+        for budget in budgets(ZOO / f"{name}.py", BATCH):
+            row = zoo_row(name, budget)
             print(json.dumps({k: row[k] for k in ("model", "budget_bytes", "largest", "ok")}))
             rows.append(row)
     scale = [] if args.skip_scale else [scale_row("llama2_7b_4k", 1), scale_row("llama2_70b_4k", 8)]
