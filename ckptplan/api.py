@@ -275,11 +275,12 @@ def optimality_gap_of_auto(
     ``ilp`` solver) at the same peak: see ``ckptplan.planning.opgraph``."""
     step = fold_keywords(profile_options or ProfileOptions(), keywords)
     refuse_unknown_keywords("optimality_gap_of_auto", keywords)
+    parsed = parse_budget(str(budget))
     prof = profile(model, example_inputs, profile_options=step, loss_fn=loss_fn)
     menus = selective_menus(prof)
     chain = to_chain(prof, "activations", menus)
     unchecked = run_solver("none", chain, None)
-    budget_bytes = parse_budget(str(budget)).resolve(unchecked.peak)
+    budget_bytes = parsed.resolve(unchecked.peak)
     try:
         schedule = run_solver("auto", chain, budget_bytes)
     except InfeasibleBudget as exc:

@@ -1,7 +1,14 @@
 """Memory budgets as users write them (DESIGN.md section 3), and bytes as users read them.
 
-Units follow Hugging Face accelerate: ``GB``/``MB`` are powers of 10, ``GiB``/``MiB`` powers of
-2, a bare integer is bytes, and ``0.6`` or ``60%`` is a fraction of the unchecked step's peak.
+Units follow Hugging Face accelerate and Kubernetes: ``G``, ``GB`` (and ``K``, ``M``, ``T``
+with or without ``B``) are powers of 10, ``Gi``, ``GiB`` powers of 2, so ``12G`` is ``12GB``,
+12 * 10**9 bytes, and ``12GiB`` is 12 * 2**30. Case does not matter, except that a lowercase
+``b`` after an uppercase prefix means bits (``12Gb``, ``12Mb``, and ``12Gbit`` in any case),
+refused with the byte unit to write instead; all-lowercase ``12gb`` is the common typing of
+gigabytes, and accepted as such. ``0.6`` or ``60%`` is a fraction of the unchecked step's peak.
+A bare whole number is bytes, but one from 2 to 1000 is refused (no training step fits in a
+kilobyte: it is a percentage or gigabytes without the unit), before anything is profiled; ``1``
+stays one byte, the budget that asks for the least feasible peak (``BelowLeastPeak``).
 """
 
 from __future__ import annotations
@@ -12,17 +19,21 @@ from dataclasses import dataclass
 
 from ckptplan.errors import CkptplanError
 
-_UNITS = {
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
+_PREFIXES = {
+    "": (1, ""),
+    "k": (10**3, "kilo"),
+    "m": (10**6, "mega"),
+    "g": (10**9, "giga"),
+    "t": (10**12, "tera"),
+    "ki": (2**10, "kibi"),
+    "mi": (2**20, "mebi"),
+    "gi": (2**30, "gibi"),
+    "ti": (2**40, "tebi"),
 }
+_UNITS = {p + b: size for p, (size, _) in _PREFIXES.items() for b in ("b", "") if p + b}
+_BIT_SUFFIXES = ("bits", "bit", "b")
+_SLIPS = range(2, 1001)
+"""Bare numbers refused as a unit left out: a percentage, megabytes or gigabytes."""
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z%]*)\s*$", re.IGNORECASE)
 _EXAMPLES = "write e.g. 12GB, 11.5GiB, 800MB, 3000000000, 0.6 or 60% (of the unchecked peak)"
 
@@ -60,10 +71,32 @@ def parse_budget(text: str) -> Budget:
             return Budget(text, fraction=number)
         if number != int(number):
             raise CkptplanError(f"budget {text!r}: bare numbers are whole bytes; {_EXAMPLES}")
+        if int(number) in _SLIPS:
+            raise CkptplanError(f"budget {text!r} is {int(number)} bytes: {_slip_hint(number)}")
         return Budget(text, bytes=int(number))
+    _refuse_bits(text, match.group(1), match.group(2))
     if unit not in _UNITS:
         raise CkptplanError(f"unknown unit {match.group(2)!r} in budget {text!r}: {_EXAMPLES}")
     return Budget(text, bytes=int(number * _UNITS[unit]))
+
+
+def _slip_hint(number: float) -> str:
+    """What a bare number of bytes too small for any step most likely meant."""
+    n = int(number)
+    return f"did you mean {n}% or {n}GB?" if n <= 100 else f"did you mean {n}MB or {n}GB?"
+
+
+def _refuse_bits(text: str, number: str, unit: str) -> None:
+    """Refuse a unit of bits (``Gb``, ``Mbit``): a budget in bits is eight times off."""
+    lower = unit.lower()
+    suffix = next((s for s in _BIT_SUFFIXES if lower.endswith(s)), None)
+    if suffix is None or (suffix == "b" and (unit == lower or unit.endswith("B"))):
+        return
+    prefix = lower[: -len(suffix)]
+    if prefix in _PREFIXES:
+        name = _PREFIXES[prefix][1]
+        right = f"{number}{prefix.capitalize()}B"
+        raise CkptplanError(f"budget {text!r} is {name}bits; write {right} for {name}bytes")
 
 
 def admitting_budget(peak: int, margin_percent: float) -> int:

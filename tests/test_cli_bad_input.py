@@ -10,7 +10,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+import ckptplan
 from ckptplan.cli.main import cli
+from ckptplan.errors import CkptplanError
+from tests.conftest import ROOT
 from tests.test_cli import assert_one_line_error
 
 
@@ -190,3 +193,32 @@ def test_rewrite_takes_an_hf_model(run, plan_file, tmp_path) -> None:
     assert "not found" not in result.output
     # The plan is tiny_gpt's: the hf: model is built and found not to be the plan's model.
     assert_one_line_error(result, "GPT2LMHeadModel")
+
+
+@pytest.fixture
+def no_profiling(monkeypatch):
+    """Profiling that fails the test, to show an input was refused before any of it."""
+
+    def profiled(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model was profiled")
+
+    monkeypatch.setattr("ckptplan.api.profile_model", profiled)
+
+
+@pytest.mark.parametrize("command", ["solve", "fit", "gap", "sweep"])
+def test_a_budget_in_bytes_too_small_for_any_step_is_refused_before_profiling(
+    run, no_profiling, command: str
+) -> None:
+    """``--budget 60`` means 60% or 60GB: said in a moment, not after minutes of profiling."""
+    result = run(command, ROOT / "sample_models" / "gpt.py", "--budget", "60")
+    assert_one_line_error(result, "budget '60' is 60 bytes: did you mean 60% or 60GB?")
+
+
+def test_a_budget_in_bits_is_refused(run, no_profiling, tiny_gpt) -> None:
+    result = run("solve", tiny_gpt, "--budget", "12Gb")
+    assert_one_line_error(result, "is gigabits; write 12GB for gigabytes")
+
+
+def test_the_api_refuses_a_bare_byte_count_before_profiling(no_profiling) -> None:
+    with pytest.raises(CkptplanError, match="did you mean 60% or 60GB"):
+        ckptplan.solve(ROOT / "sample_models" / "gpt.py", budget=60)

@@ -9,6 +9,7 @@ import click
 from ckptplan.cli.boundary import UserError, user_errors
 from ckptplan.cli.options import (
     MODEL_HELP,
+    budget_option,
     model_argument,
     parallel_options,
     solve_options,
@@ -22,9 +23,7 @@ __all__ = ["fit_command"]
 
 @click.command("fit", epilog=MODEL_HELP)
 @model_argument
-@click.option(
-    "--budget", required=True, help="Peak memory of a step: 12GB, 11.5GiB, 800MB or bytes."
-)
+@budget_option("Peak memory of a step: 12GB or 12G (10^9 bytes), 11.5GiB (2^30) or 800MB.")
 @click.option(
     "--vary",
     type=click.Choice(("batch", "seq-len")),

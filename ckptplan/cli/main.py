@@ -26,6 +26,7 @@ from ckptplan.cli.boundary import (
 from ckptplan.cli.fit import fit_command
 from ckptplan.cli.options import (
     MODEL_HELP,
+    budget_option,
     hub_options,
     model_argument,
     parallel_options,
@@ -77,11 +78,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
 @cli.command(epilog=MODEL_HELP)
 @model_argument
-@click.option(
-    "--budget",
-    required=True,
-    help="Peak memory of a step: 12GB, 11.5GiB, 800MB, bytes, 0.6 or 60%.",
-)
+@budget_option()
 @click.option(
     "-o",
     "--output",
@@ -351,7 +348,7 @@ def verify(
 
 @cli.command(epilog=MODEL_HELP)
 @model_argument
-@click.option("--budget", required=True, help="As for solve, in scope activations.")
+@budget_option("As for solve, in scope activations.")
 @click.option(
     "--time-limit",
     type=click.FloatRange(min=0, min_open=True),

@@ -17,8 +17,10 @@ from typing import Any
 
 import click
 
+from ckptplan.budget import parse_budget
 from ckptplan.cli.boundary import UserError
 from ckptplan.devices import DEVICES
+from ckptplan.errors import CkptplanError
 from ckptplan.options import (
     DTYPES,
     HUB_PREFIX,
@@ -40,6 +42,31 @@ MODEL_HELP = "MODEL: a model file (model.py), MODULE:FUNCTION, or hf:NAME_OR_DIR
 def model_argument(command: Callable[..., Any]) -> Callable[..., Any]:
     """MODEL: a model file, ``MODULE:NAME`` or ``hf:NAME_OR_DIR`` (resolved by the API)."""
     return click.argument("model", metavar="MODEL")(command)
+
+
+BUDGET_HELP = (
+    "Peak memory of a step: 12GB or 12G (10^9 bytes), 11.5GiB or 11.5Gi (2^30), 800MB, 0.6 "
+    "or 60% (of the unchecked step). Bits (12Gb) are refused, and so is a bare number of "
+    "bytes from 2 to 1000 (a unit left out)."
+)
+
+
+def _check_budget(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Parse ``--budget`` as the command line is read, so that a slip (``--budget 60``) is
+    refused in a moment, before torch loads and the model is profiled."""
+    if value is not None:
+        try:
+            parse_budget(value)
+        except CkptplanError as exc:
+            raise UserError(str(exc)) from None
+    return value
+
+
+def budget_option(
+    help_text: str = BUDGET_HELP, required: bool = True
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--budget``, checked when parsed; the command receives the text as written."""
+    return click.option("--budget", required=required, callback=_check_budget, help=help_text)
 
 
 def _optimizer_option(ctx: click.Context, param: click.Parameter, value: str) -> str:

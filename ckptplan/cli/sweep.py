@@ -8,6 +8,7 @@ import click
 from ckptplan.cli.boundary import user_errors
 from ckptplan.cli.options import (
     MODEL_HELP,
+    budget_option,
     model_argument,
     run_on_option,
     step_options,
@@ -28,11 +29,7 @@ __all__ = ["sweep_command"]
     show_default=True,
     help="Points of the dp and auto frontiers.",
 )
-@click.option(
-    "--budget",
-    default=None,
-    help="Mark this budget (as for solve) in the table and the plots.",
-)
+@budget_option("Mark this budget (as for solve) in the table and the plots.", required=False)
 @click.option(
     "--verify",
     "run_verify",
@@ -40,7 +37,13 @@ __all__ = ["sweep_command"]
     help="Also run every point for real: measured peak and step time.",
 )
 @run_on_option("With --verify, the local device to measure on (cpu, cuda) [default: cuda if any].")
-@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option(
+    "--repeats",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="With --verify, timed steps per point (the median counts).",
+)
 @click.option(
     "--plot",
     "plots",

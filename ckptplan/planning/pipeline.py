@@ -231,6 +231,7 @@ def solve_pipeline(
             f"{option('batch_size', max(m, (batch_size or m) // m * m))} or another multiple "
             f"of {m}"
         )
+    parsed = parse_budget(str(budget))
     microbatch = replace(step, batch_size=batch_size // m)
     prof = api.profile(
         model,
@@ -253,7 +254,6 @@ def solve_pipeline(
     unchecked = [
         _pipeline_peak(rs, [run_solver("none", s.chain, None) for s in rs]) for rs in ranks
     ]
-    parsed = parse_budget(str(budget))
     budget_bytes = parsed.resolve(max(unchecked))
     held = held_back_percent(search_options.margin, step.target)
     aim = budget_bytes - round(budget_bytes * held / 100)
