@@ -4,6 +4,7 @@ and no traceback; help is ``-h`` or ``--help`` or the bare command, and exits 0.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -126,6 +127,18 @@ def test_help_exits_zero(run, args: list[str]) -> None:
     result = run(*args)
     assert result.exit_code == 0, result.output
     assert "Usage:" in result.output
+
+
+def test_help_lists_the_commands_in_workflow_order_each_in_full(run) -> None:
+    """``ckptplan --help`` reads as the job's steps, and no description is cut off with '...'."""
+    result = run("--help")
+    assert result.exit_code == 0, result.output
+    listing = result.output.partition("Commands:")[2]
+    names = re.findall(r"^  (\S+)", listing, re.MULTILINE)
+    workflow = ["profile", "solve", "fit", "verify", "show", "sweep", "rewrite", "gap", "remat"]
+    assert names == workflow
+    assert "..." not in listing
+    assert "fits BUDGET." in listing
 
 
 @pytest.mark.parametrize(

@@ -18,12 +18,12 @@ import click
 from ckptplan import __version__
 from ckptplan.cli.boundary import (
     EXIT_INTERNAL_ERROR,
-    Boundary,
     UserError,
     report_internal,
     user_errors,
 )
 from ckptplan.cli.fit import fit_command
+from ckptplan.cli.group import Commands
 from ckptplan.cli.options import (
     MODEL_HELP,
     budget_option,
@@ -46,7 +46,7 @@ from ckptplan.plan import Plan
 
 
 @click.group(
-    cls=Boundary,
+    cls=Commands,
     invoke_without_command=True,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
