@@ -14,9 +14,9 @@ import torch
 
 import ckptplan
 from ckptplan import api
-from ckptplan.autoplan import CACHE_ENV
 from ckptplan.errors import CkptplanError
 from ckptplan.loading import load_model_file
+from ckptplan.plancache import CACHE_ENV
 from tests.conftest import MODELS, ROOT
 
 pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)

@@ -7,11 +7,11 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import ckptplan
+from ckptplan.applying.gpukernels import FLASH
 from ckptplan.errors import CkptplanError
 from ckptplan.loading import load_model_file
 from ckptplan.plan import Plan, Region
 from ckptplan.policy_types import OpCall, Policy
-from ckptplan.profiling.gpukernels import FLASH
 from ckptplan.profiling.training import cast_model
 from tests.conftest import ROOT
 

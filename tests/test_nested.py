@@ -13,11 +13,11 @@ import pytest
 import torch
 
 import ckptplan
+from ckptplan.applying.tensors import training_conventions
 from ckptplan.loading import call_model, load_model_file
 from ckptplan.planning.problem import to_chain
 from ckptplan.planning.schedule_plan import plan_from_schedule
 from ckptplan.profiling.profiler import Profile
-from ckptplan.profiling.training import training_conventions
 from ckptplan.solvers.chain import AfterCode, Chain, Enclosure, InfeasibleBudget, simulate
 from ckptplan.solvers.dp import solve
 from tests.conftest import ROOT

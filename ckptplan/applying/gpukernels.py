@@ -12,7 +12,9 @@ backward, with the saved tensors and the backward workspace of the real ones. (c
 attention, which some torch releases prefer on H100, saves the same O(sequence) tensors.)
 
 Plans then name the GPU's ops (``aten._scaled_dot_product_flash_attention``), so they apply
-unchanged there; ``GPU_ONLY_OPS`` lets ``apply`` refuse such a plan where they never run.
+unchanged there; ``GPU_ONLY_OPS`` lets ``apply`` refuse such a plan where they never run. It
+lives with the runtime because an applied region re-enters ``GpuAttention`` when it recomputes
+(a fake run of such a plan), and training must not import the profiler for it.
 """
 
 from __future__ import annotations

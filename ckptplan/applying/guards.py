@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
+from ckptplan.applying.tensors import input_tensors
 from ckptplan.errors import CkptplanError, option
-from ckptplan.profiling.training import input_tensors
 
 log = logging.getLogger("ckptplan")
 

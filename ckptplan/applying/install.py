@@ -25,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +35,10 @@ from ckptplan.applying.calls import CallRoute, StepStart
 from ckptplan.applying.guards import BatchGuard, TargetGuard
 from ckptplan.applying.region import RegionRun
 from ckptplan.applying.stats import AppliedPlan, RegionStats, Reporter, region_name
+from ckptplan.applying.tensors import training_conventions
 from ckptplan.errors import CkptplanError
 from ckptplan.fingerprint import check_model_matches
 from ckptplan.plan import Plan, Region, as_plan
-from ckptplan.profiling.training import training_conventions
 from ckptplan.unit_names import split_unit
 
 log = logging.getLogger("ckptplan")
@@ -88,10 +89,12 @@ def refuse_wrapped(model: torch.nn.Module) -> None:
         raise CkptplanError(f"apply the plan before wrapping the model in DDP: {order}")
     if type(model).__name__ == "OptimizedModule" and hasattr(model, "_orig_mod"):
         raise CkptplanError(f"apply the plan before torch.compile: {order}")
-    if torch.distributed.is_available():
-        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
-
-        if any(isinstance(m, FSDPModule | FullyShardedDataParallel) for m in model.modules()):
+    # Only a process that imported FSDP can have wrapped the model with it; importing it here
+    # would cost a training job half a second.
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    if fsdp is not None:
+        kinds = (fsdp.FSDPModule, fsdp.FullyShardedDataParallel)
+        if any(isinstance(m, kinds) for m in model.modules()):
             raise CkptplanError(f"apply the plan before fully_shard (FSDP): {order}")
     for module in model.modules():
         current = hasattr(type(module), "is_activation_checkpointing")

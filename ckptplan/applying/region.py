@@ -18,14 +18,14 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.checkpoint import checkpoint
 
+from ckptplan.applying.gpukernels import GPU_ONLY_OPS, GpuAttention, emulated, runs_gpu_kernels
 from ckptplan.applying.guards import hf_checkpointing_layers, refuse_second_checkpointing
 from ckptplan.applying.offload import offload_contexts
 from ckptplan.applying.policy import OpCalls, op_overload, selective_contexts
 from ckptplan.applying.stats import RegionStats, Reporter, region_name
+from ckptplan.applying.tensors import first_tensor
 from ckptplan.errors import CkptplanError, option
 from ckptplan.policy_types import OpCall, Policy
-from ckptplan.profiling.gpukernels import GPU_ONLY_OPS, GpuAttention, emulated, runs_gpu_kernels
-from ckptplan.profiling.training import first_tensor
 
 
 class RegionRun:
@@ -169,9 +169,8 @@ class RegionRun:
         others: dict[int, torch.Tensor] = {}
         for member in self.modules:
             for module in member.modules():
-                tracked = isinstance(module, torch.nn.modules.batchnorm._NormBase) and (
-                    module.training and module.track_running_stats
-                )
+                # BatchNorm's and InstanceNorm's flag, read by name: their base class is private.
+                tracked = module.training and getattr(module, "track_running_stats", False) is True
                 for buffer in module.buffers(recurse=False):
                     (norms if tracked else others).setdefault(id(buffer), buffer)
         return list(norms.values()), [b for k, b in others.items() if k not in norms]

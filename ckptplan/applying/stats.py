@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
+from ckptplan.applying.tensors import first_tensor
 from ckptplan.policy_types import Policy
-from ckptplan.profiling.training import first_tensor
 
 log = logging.getLogger("ckptplan")
 

@@ -24,9 +24,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ckptplan.applying.tensors import training_conventions
 from ckptplan.loading import Workload, build_fake, call_model
 from ckptplan.profiling.fakepaths import answering, real_step_paths
-from ckptplan.profiling.training import training_conventions
 from ckptplan.quietlogs import torch_logs_quieted
 
 

@@ -32,6 +32,8 @@ from torch._subclasses.fake_tensor import (
     FakeTensorMode,
 )
 
+from ckptplan.applying.gpukernels import GpuAttention
+from ckptplan.applying.tensors import training_conventions
 from ckptplan.devices import Device, get_device
 from ckptplan.errors import CkptplanError, raised_by_ckptplan
 from ckptplan.loading import Workload, build_fake, describe_exception
@@ -40,7 +42,6 @@ from ckptplan.profiling.assembly import assemble
 from ckptplan.profiling.costs import OpRecorder
 from ckptplan.profiling.everyblock import EveryBlockRuns
 from ckptplan.profiling.fakepaths import real_step_paths
-from ckptplan.profiling.gpukernels import GpuAttention
 from ckptplan.profiling.memtrack import storage_bytes
 from ckptplan.profiling.replicate import MIN_RUN, CallSignatures, Run, find_runs, replicated
 from ckptplan.profiling.steprecorder import StepRecorder
@@ -52,7 +53,6 @@ from ckptplan.profiling.training import (
     fits_real_step,
     make_optimizer,
     parse_dtype,
-    training_conventions,
 )
 from ckptplan.profiling.units import find_units
 from ckptplan.quietlogs import torch_logs_quieted

@@ -32,7 +32,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
-from ckptplan.profiling.gpukernels import emulated
+from ckptplan.applying.gpukernels import emulated
 
 aten = torch.ops.aten
 FORWARD = aten.mkldnn_rnn_layer.default

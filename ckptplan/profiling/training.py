@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from ckptplan.applying.tensors import input_tensors
 from ckptplan.errors import CkptplanError
 from ckptplan.options import OPTIMIZERS
 
@@ -145,22 +146,6 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer | None) -> Iterator[torch
                 yield value
 
 
-def first_tensor(tree: Any) -> torch.Tensor | None:
-    """The first tensor of a nested structure (a block's hidden state in its args or output)."""
-    return next(input_tensors(tree), None)
-
-
-def input_tensors(inputs: object) -> Iterator[torch.Tensor]:
-    if isinstance(inputs, torch.Tensor):
-        yield inputs
-    elif isinstance(inputs, tuple | list):
-        for item in inputs:
-            yield from input_tensors(item)
-    elif isinstance(inputs, dict):
-        for item in inputs.values():
-            yield from input_tensors(item)
-
-
 def persistent_tensors(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, inputs: object
 ) -> list[torch.Tensor]:
@@ -171,28 +156,6 @@ def persistent_tensors(
         *optimizer_tensors(optimizer),
         *input_tensors(inputs),
     ]
-
-
-def training_conventions(model: torch.nn.Module, inputs: Any = None) -> tuple[Any, tuple[str, ...]]:
-    """The model and batch set up as a training step runs them, and what was changed.
-
-    Hugging Face decoders default to ``use_cache=True``: in training the key/value cache is
-    wasted memory, and a recomputed block would append to it again (checkpoint then refuses
-    the recomputed values' metadata). Hugging Face's own checkpointing turns it off, so does
-    this, on every config in the model and in the batch's keyword arguments.
-    """
-    cached = [
-        m
-        for m in model.modules()
-        if getattr(getattr(m, "config", None), "use_cache", False) is True
-    ]
-    for module in cached:
-        module.config.use_cache = False
-    asked = isinstance(inputs, dict) and inputs.get("use_cache") is True
-    if asked:
-        inputs = {**inputs, "use_cache": False}
-    notes = ("the key/value cache (use_cache) is off, as in training",) if cached or asked else ()
-    return inputs, notes
 
 
 _LAYERDROP = ("layerdrop", "encoder_layerdrop", "decoder_layerdrop")

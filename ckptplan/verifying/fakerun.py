@@ -10,7 +10,9 @@ from contextlib import nullcontext
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from ckptplan.applying.gpukernels import GpuAttention
 from ckptplan.applying.install import apply
+from ckptplan.applying.tensors import training_conventions
 from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError, raised_by_ckptplan
 from ckptplan.loading import Workload, build_fake
@@ -18,7 +20,6 @@ from ckptplan.plan import Plan
 from ckptplan.planning.compiled import CompiledModel, Partition, partitioning_backend
 from ckptplan.profiling.everyblock import EveryBlockRuns
 from ckptplan.profiling.fakepaths import real_step_paths
-from ckptplan.profiling.gpukernels import GpuAttention
 from ckptplan.profiling.memtrack import CompiledStepTracker, LiveStorageTracker
 from ckptplan.profiling.training import (
     cast_floating,
@@ -26,7 +27,6 @@ from ckptplan.profiling.training import (
     fits_real_step,
     make_optimizer,
     parse_dtype,
-    training_conventions,
 )
 from ckptplan.quietlogs import torch_logs_quieted
 from ckptplan.verifying.steppeak import StepRun, measured_peak, tracked_peak

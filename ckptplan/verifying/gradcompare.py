@@ -7,9 +7,10 @@ from typing import Any
 
 import torch
 
+from ckptplan.applying.tensors import input_tensors
 from ckptplan.callerstate import seed_all
 from ckptplan.loading import Workload, call_model
-from ckptplan.profiling.training import autocast_context, input_tensors
+from ckptplan.profiling.training import autocast_context
 
 
 def seeded_grads(

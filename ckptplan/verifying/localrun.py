@@ -7,10 +7,11 @@ from typing import Any
 
 import torch
 
+from ckptplan.applying.tensors import training_conventions
 from ckptplan.errors import CkptplanError
 from ckptplan.loading import Workload
 from ckptplan.plan import PlanSettings
-from ckptplan.profiling.training import cast_floating, cast_model, parse_dtype, training_conventions
+from ckptplan.profiling.training import cast_floating, cast_model, parse_dtype
 
 
 def run_device(device: str | None) -> torch.device:

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ckptplan.applying.tensors import input_tensors
 from ckptplan.callerstate import seed_all
 from ckptplan.loading import Workload, call_model
 from ckptplan.profiling.memtrack import (
@@ -27,7 +28,6 @@ from ckptplan.profiling.memtrack import (
 from ckptplan.profiling.training import (
     autocast_context,
     every_layer_runs,
-    input_tensors,
     persistent_tensors,
 )
 from ckptplan.profiling.workspace import Workspaces
