@@ -1,9 +1,12 @@
 """Module boundaries of the ckptplan package, read from the source with ``ast`` (no torch):
-no module reaches into another's private names, and none grows past 400 lines.
+no module reaches into another's private names, none grows past 400 lines, and the runtime
+that applies a plan imports none of the planner.
 
 A private name is a module's own business, free to change without a look at any other file;
 a module that needs one should have it made public where it lives. A module over 400 lines
-does more than one job.
+does more than one job. A training job that applies a plan loads only the runtime, so a break
+in the planner (its private torch, ortools) cannot break training
+(``tests/test_runtime_imports.py`` runs it).
 """
 
 from __future__ import annotations
@@ -18,6 +21,10 @@ pytestmark = pytest.mark.torchfree
 
 PACKAGE = Path(__file__).resolve().parent.parent / "ckptplan"
 MAX_LINES = 400
+RUNTIME = ("ckptplan.autoplan", "ckptplan.applying")
+"""What ``ckptplan.apply(model, plan)`` runs: ``autoplan`` and every module of ``applying/``."""
+PLANNER = ("profiling", "planning", "verifying", "cli", "api", "rewriting", "plancache", "loading")
+"""The planner's modules and packages, under ``ckptplan``: the runtime imports none of them."""
 
 
 def _modules() -> list[Path]:
@@ -122,3 +129,92 @@ def test_no_module_is_over_the_line_limit() -> None:
 )
 def test_private_uses_are_found(source: str, found: list[str]) -> None:
     assert list(private_uses(source, PACKAGE / "example.py")) == found
+
+
+def _imported(node: ast.Import | ast.ImportFrom, path: Path) -> Iterator[str]:
+    """The ckptplan modules an import statement runs: each named one and the packages above."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    else:
+        source = _absolute(node, path)
+        names = [source, *(f"{source}.{a.name}" for a in node.names)]
+    run: dict[str, bool] = {}
+    for name in names:
+        parts = name.split(".")
+        for end in range(1, len(parts) + 1):
+            run[".".join(parts[:end])] = parts[0] == "ckptplan"
+    yield from (dotted for dotted, ours in run.items() if ours and _is_module(dotted))
+
+
+def _type_checking(node: ast.If) -> bool:
+    return "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def imports(source: str, path: Path, *, anywhere: bool) -> Iterator[tuple[int, str]]:
+    """(line, ckptplan module) of each import the module at ``path`` runs: at import time, or
+    ``anywhere`` (in its functions too); never those under ``if TYPE_CHECKING``."""
+    nodes = list(ast.parse(source).body)
+    while nodes:
+        node = nodes.pop(0)
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield from ((node.lineno, name) for name in _imported(node, path))
+        elif isinstance(node, ast.If) and _type_checking(node):
+            nodes.extend(node.orelse)
+        elif anywhere or not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            nodes.extend(ast.iter_child_nodes(node))
+
+
+def _path(dotted: str) -> Path:
+    relative = PACKAGE / Path(*dotted.split(".")[1:])
+    return relative / "__init__.py" if relative.is_dir() else relative.with_suffix(".py")
+
+
+def _planner(dotted: str) -> bool:
+    parts = dotted.split(".")
+    return len(parts) > 1 and parts[1] in PLANNER
+
+
+def planner_imports() -> list[str]:
+    """Each chain of imports by which the runtime reaches the planner: every import a runtime
+    module makes when imported, and every one in ``applying/``'s functions (which training
+    runs), followed through the modules they import."""
+    roots = [_dotted(p) for p in _modules() if _dotted(p).startswith(RUNTIME)]
+    chains = {name: [name] for name in roots}
+    queue = list(roots)
+    found = []
+    while queue:
+        module = queue.pop(0)
+        path = _path(module)
+        anywhere = module.startswith("ckptplan.applying")
+        for line, name in imports(path.read_text(), path, anywhere=anywhere):
+            chain = [*chains[module][:-1], f"{module} (line {line})", name]
+            if _planner(name):
+                found.append(" -> ".join(chain))
+            elif name not in chains:
+                chains[name] = chain
+                queue.append(name)
+    return found
+
+
+def test_the_runtime_imports_none_of_the_planner() -> None:
+    assert planner_imports() == []
+
+
+@pytest.mark.parametrize(
+    ("source", "anywhere", "found"),
+    [
+        (
+            "from ckptplan.profiling import training\n",
+            False,
+            ["ckptplan", "ckptplan.profiling", "ckptplan.profiling.training"],
+        ),
+        ("import ckptplan.api\n", False, ["ckptplan", "ckptplan.api"]),
+        ("def f():\n    import ckptplan.api\n", False, []),
+        ("def f():\n    import ckptplan.api\n", True, ["ckptplan", "ckptplan.api"]),
+        ("if TYPE_CHECKING:\n    import ckptplan.api\n", True, []),
+        ("import torch\n", True, []),
+    ],
+)
+def test_imports_are_found(source: str, anywhere: bool, found: list[str]) -> None:
+    names = [name for _, name in imports(source, PACKAGE / "example.py", anywhere=anywhere)]
+    assert names == found
