@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 import pytest
@@ -41,6 +42,19 @@ def test_a_larger_batch_than_planned_warns_once() -> None:
         _step(workload, model, 4)
 
 
+def test_a_batch_warning_reaches_the_user_once(caplog) -> None:
+    """A ``BatchWarning`` and nothing on the log besides: the user reads it once, not twice."""
+    workload, model = _planned("tiny_gpt", 2)
+    with (
+        caplog.at_level(logging.WARNING, logger="ckptplan"),
+        warnings.catch_warnings(record=True) as caught,
+    ):
+        warnings.simplefilter("always")
+        _step(workload, model, 4)
+    assert [w.category for w in caught] == [BatchWarning]
+    assert caplog.records == []
+
+
 def test_hugging_face_checkpointing_switched_on_after_apply_is_refused() -> None:
     pytest.importorskip("transformers")
     workload, model = _planned("hf_gpt2", 2)
@@ -55,7 +69,9 @@ def test_a_plan_for_a_gpu_warns_once_when_it_trains_on_the_cpu() -> None:
     come before ``.to("cuda")``, so the first forward warns, once."""
     workload = load_model_file(MODELS / "tiny_gpt.py")
     for target, warns in (("h100", True), ("cpu", False)):
-        plan = ckptplan.solve(MODELS / "tiny_gpt.py", budget="1.0", target=target, batch_size=2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", TargetWarning)  # solve's fake run: no user's step
+            plan = ckptplan.solve(MODELS / "tiny_gpt.py", budget="1.0", target=target, batch_size=2)
         torch.manual_seed(0)
         model = ckptplan.apply(workload.build().train(), plan)
         with warnings.catch_warnings(record=True) as caught:

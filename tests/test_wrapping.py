@@ -207,6 +207,19 @@ def test_the_first_backward_reports_what_was_recomputed(tiny_gpt, plan, caplog) 
     assert [s.recomputes for s in model.ckptplan_applied.stats] == [2, 2]
 
 
+def test_solve_keeps_the_report_of_its_fake_runs_off_the_log(tiny_gpt, caplog) -> None:
+    """The fake run applies the plan: its ``checkpointed N regions`` report would repeat, per
+    candidate, what the user's own ``apply`` says once."""
+    with caplog.at_level(logging.INFO, logger="ckptplan"):
+        plan = ckptplan.solve(tiny_gpt, budget="1.0", solver="full", batch_size=2)
+        assert caplog.records == []
+        model_file = load_model_file(tiny_gpt)
+        step(model_file, ckptplan.apply(model_file.build().train(), plan))
+    reports = [r.message for r in caplog.records]
+    assert len(reports) == 2, reports
+    assert "checkpointed 6 regions" in reports[0] and "first backward" in reports[1]
+
+
 def test_a_region_that_is_never_recomputed_is_a_warning(caplog) -> None:
     model = Collecting([torch.nn.Linear(8, 8), Shift(), torch.nn.Linear(8, 8)])
     ckptplan.apply(model, plan_for(model, [{"modules": ["blocks.1"]}]))

@@ -7,11 +7,14 @@ assumed warns, once per shape. Hugging Face's own checkpointing, switched on aft
 (``model.activation_checkpointing_enable()``, or ``Trainer`` with
 ``TrainingArguments(activation_checkpointing=True)``), would checkpoint the planned layers a
 second time inside their regions: a region refuses to run then.
+
+The two warnings go through ``warnings`` alone (``BatchWarning``, ``TargetWarning``), not the log
+as well: the fix is the caller's, so they read it once and can filter it by its class;
+``logging.captureWarnings(True)`` sends it to the log instead.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import warnings
 from collections.abc import Iterable, Iterator
@@ -21,8 +24,6 @@ import torch
 
 from ckptplan.applying.tensors import input_tensors
 from ckptplan.errors import CkptplanError, option
-
-log = logging.getLogger("ckptplan")
 
 
 class BatchWarning(UserWarning):
@@ -77,7 +78,6 @@ class BatchGuard:
             f"solve again with this batch ({option('batch_size')}, or the example inputs it "
             "will run)"
         )
-        log.warning("%s", message)
         warnings.warn(message, BatchWarning, stacklevel=3)
 
 
@@ -111,8 +111,11 @@ class TargetGuard:
             f"ckptplan: the plan was made for {self.target}, but this step runs on {here}, so "
             f"its predicted peak does not hold here; solve again with {fix}"
         )
-        log.warning("%s", message)
         warnings.warn(message, TargetWarning, stacklevel=3)
+
+
+GUARD_WARNINGS = (BatchWarning, TargetWarning)
+"""What the guards warn of; ckptplan's own fake runs of a plan ignore them."""
 
 
 def hf_checkpointing_layers(members: Iterable[torch.nn.Module]) -> list[torch.nn.Module]:

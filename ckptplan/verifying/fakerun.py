@@ -11,6 +11,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ckptplan.applying.gpukernels import GpuAttention
+from ckptplan.applying.guards import GUARD_WARNINGS
 from ckptplan.applying.install import apply
 from ckptplan.applying.tensors import training_conventions
 from ckptplan.devices import get_device
@@ -28,11 +29,11 @@ from ckptplan.profiling.training import (
     make_optimizer,
     parse_dtype,
 )
-from ckptplan.quietlogs import torch_logs_quieted
+from ckptplan.quietlogs import fake_run_logs_quieted
 from ckptplan.verifying.steppeak import StepRun, measured_peak, tracked_peak
 
 
-@torch_logs_quieted()
+@fake_run_logs_quieted(GUARD_WARNINGS)
 def fake_run_peak(model_file: Workload, plan: Plan) -> int:
     """The plan's steady-state step peak, executed under ``FakeTensorMode``: nothing allocated.
 
@@ -54,7 +55,7 @@ def fake_run_peak(model_file: Workload, plan: Plan) -> int:
         return _checkpointed_step_peak(model_file, plan, real=True)
 
 
-@torch_logs_quieted()
+@fake_run_logs_quieted(GUARD_WARNINGS)
 def compiled_fake_run(model_file: Workload, plan: Plan) -> tuple[int, Partition]:
     """The step peak of ``torch.compile`` after ``apply(model, plan)`` (a plan of no regions:
     the unchecked model), and the partition it made, on fake tensors: inductor's decompositions and
