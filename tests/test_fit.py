@@ -85,8 +85,9 @@ def test_fit_json_gives_the_largest_size_and_the_points() -> None:
 @pytest.mark.parametrize("name", ["mlp", "gpt", "vit", "resnet", "unet"])
 def test_a_plans_peak_never_rises_as_the_budget_falls(name: str) -> None:
     """Monotonic: torch.compile's budget is not (a budget of 0.05 peaked at 1145 MB where 0.15
-    peaked at 275 MB, pytorch#197838). Predicted over nine budgets from the least feasible
-    peak to the unchecked one, and measured by the allocator at three of them."""
+    peaked at 275 MB, pytorch#197838). Predicted (and confirmed by the fake run, which holds
+    the budget where the chain model's figure may not at the least peak) over six budgets from
+    the least feasible peak to the unchecked one, and measured by the allocator at two."""
     model = ROOT / "sample_models" / f"{name}.py"
     with pytest.raises(BelowLeastPeak) as refused:
         ckptplan.solve(model, budget="1", scope="activations")
@@ -94,10 +95,11 @@ def test_a_plans_peak_never_rises_as_the_budget_falls(name: str) -> None:
     unchecked = ckptplan.solve(
         model, budget="100%", solver="none", scope="activations", fake_run=False
     ).predicted.peak_bytes
-    budgets = [least + (unchecked - least) * k // 8 for k in range(9)]
+    budgets = [least + (unchecked - least) * k // 5 for k in range(6)]
     plans = [ckptplan.solve(model, budget=str(b), scope="activations", margin=0) for b in budgets]
     predicted = [p.predicted.peak_bytes for p in plans]
-    assert predicted == sorted(predicted)
-    assert all(p <= b for p, b in zip(predicted, budgets, strict=True))
-    measured = [ckptplan.verify(model, plans[k], repeats=1).measured_peak_bytes for k in (1, 4, 7)]
+    confirmed = [p.predicted.fake_run_peak_bytes for p in plans]
+    assert predicted == sorted(predicted) and confirmed == sorted(confirmed)
+    assert all(p <= b for p, b in zip(confirmed, budgets, strict=True))
+    measured = [ckptplan.verify(model, plans[k], repeats=1).measured_peak_bytes for k in (1, 4)]
     assert measured == sorted(measured)

@@ -244,15 +244,15 @@ class RankMemory(LiveStorageTracker):
                 return phase.peak
         raise KeyError(label)
 
-    def _track(self, tensor: torch.Tensor) -> None:
+    def _track(self, tensor: torch.Tensor, raise_peak: bool = True) -> None:
         if is_traceable_wrapper_subclass(tensor):
             names, _ = tensor.__tensor_flatten__()
             for name in names:
                 inner = getattr(tensor, name)
                 if isinstance(inner, torch.Tensor):
-                    self._track(inner)
+                    self._track(inner, raise_peak)
             return
-        super()._track(tensor)
+        super()._track(tensor, raise_peak)
 
     def _resized(self, tensor: torch.Tensor) -> None:
         key = storage_key(tensor)
