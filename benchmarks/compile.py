@@ -47,12 +47,13 @@ from torch._inductor import config as inductor_config
 from torch.utils._pytree import tree_map
 
 import ckptplan
+from ckptplan.applying.tensors import training_conventions
 from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError
 from ckptplan.loading import Workload, call_model, load_model_file
 from ckptplan.planning.compiled import CompiledModel, Partition, inductor_backend
 from ckptplan.profiling.memtrack import keep_freed_host_memory, storage_bytes
-from ckptplan.profiling.training import make_optimizer, persistent_tensors, training_conventions
+from ckptplan.profiling.training import make_optimizer, persistent_tensors
 from ckptplan.verifying.allocmeter import allocator_peak
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -37,13 +37,15 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 import ckptplan
+from ckptplan.applying.tensors import training_conventions
+from ckptplan.callerstate import seed_all
 from ckptplan.devices import get_device
 from ckptplan.errors import BelowLeastPeak, CkptplanError
 from ckptplan.loading import call_model, load_model_file
 from ckptplan.plan import Plan
 from ckptplan.profiling.memtrack import keep_freed_host_memory
 from ckptplan.profiling.opsequence import first_divergence, step_ops
-from ckptplan.profiling.training import cast_model, training_conventions
+from ckptplan.profiling.training import cast_model
 from ckptplan.verifying.peers import measure_change
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,7 +111,7 @@ def train_matches(path: Path, plan: Plan) -> dict[str, float]:
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
         losses = []
         for step in range(STEPS):
-            torch.manual_seed(100 + step)
+            seed_all(100 + step)  # torch, Python and NumPy: wav2vec 2.0 masks with NumPy
             loss = workload.loss(call_model(model, inputs))
             loss.backward()
             optimizer.step()
