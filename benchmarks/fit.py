@@ -150,11 +150,15 @@ def main() -> None:
             row = zoo_row(name, budget)
             print(json.dumps({k: row[k] for k in ("model", "budget_bytes", "largest", "ok")}))
             rows.append(row)
-    scale = [] if args.skip_scale else [scale_row("llama2_7b_4k", 1), scale_row("llama2_70b_4k", 8)]
+    output = RESULTS / "fit.json"
+    if args.skip_scale:  # keep the scale rows an earlier run measured
+        scale = json.loads(output.read_text()).get("scale", []) if output.exists() else []
+    else:
+        scale = [scale_row("llama2_7b_4k", 1), scale_row("llama2_70b_4k", 8)]
     for row in scale:
         print(json.dumps(row))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "fit.json").write_text(json.dumps({"zoo": rows, "scale": scale}, indent=1))
+    output.write_text(json.dumps({"zoo": rows, "scale": scale}, indent=1))
 
 
 if __name__ == "__main__":
