@@ -142,8 +142,8 @@ def fit(
         step = replace(step, batch_size=step.batch_size or 1)
         max_size = min(max_size, workload.position_limit or max_size)
 
-    searching = replace(solve_options or SolveOptions(), fake_run=False)
-    confirming = replace(searching, fake_run=(solve_options or SolveOptions()).fake_run)
+    confirming = solve_options or SolveOptions()
+    searching = replace(confirming, fake_run=False)
 
     def ask(size: int, search: SolveOptions = searching) -> FitPoint:
         progress.phase(f"solving at {vary} {size}")
