@@ -1,7 +1,9 @@
 """A Hugging Face model named by its config, instead of a model file: ``hf:NAME_OR_DIR``.
 
-The model is built from ``config.json`` alone (``from_config``: no weights are read, nothing
-is downloaded), from a local folder or from the local Hugging Face cache. The task comes from
+The model is built from ``config.json`` alone (``from_config``: no weights are read), from a
+local folder, or for a Hub name (``hf:ORG/NAME``) from the Hugging Face cache or the Hub itself:
+``huggingface_hub`` fetches ``config.json`` and nothing else, honouring its cache,
+``HF_HUB_OFFLINE``, ``HF_ENDPOINT`` and the user's token (a gated model's). The task comes from
 the config's ``architectures`` (``LlamaForCausalLM`` -> causal-lm) unless given, and the batch
 is synthesised from the config: token ids below ``vocab_size`` with themselves as labels for a
 language model, ``pixel_values`` of the config's image size and class labels for an image
@@ -67,7 +69,7 @@ class HubModel:
     """A workload (like a model file) for a Hugging Face config."""
 
     source: str
-    """A folder holding ``config.json``, or a model name in the local Hugging Face cache."""
+    """A folder holding ``config.json``, or a model's name on the Hugging Face Hub."""
     task: str | None = None
     seq_len: int | None = None
     """Tokens per sequence of a text model (default: ``DEFAULT_SEQ_LEN``)."""
@@ -125,16 +127,8 @@ class HubModel:
             if not (folder / "config.json").is_file():
                 raise CkptplanError(f"{self.name}: the folder {folder} holds no config.json")
             return transformers.AutoConfig.from_pretrained(folder)
-        try:
-            return transformers.AutoConfig.from_pretrained(self.source, local_files_only=True)
-        except (OSError, ValueError):
-            from huggingface_hub import constants
-
-            raise CkptplanError(
-                f"{self.name}: no folder {folder} and no config of {self.source!r} in the local "
-                f"Hugging Face cache ({constants.HF_HUB_CACHE}); ckptplan downloads nothing: "
-                f"fetch it with `hf download {self.source} config.json`, or pass a folder"
-            ) from None
+        fetched = Path(_hub_config(self.source, self.name))
+        return transformers.AutoConfig.from_pretrained(fetched.parent)
 
     @functools.cached_property
     def resolved_task(self) -> str:
@@ -192,6 +186,50 @@ class HubModel:
 
     def loss(self, output: Any) -> torch.Tensor:
         return default_loss(output)
+
+
+def _hub_config(repo_id: str, name: str) -> str:
+    """The local path of the Hub model ``repo_id``'s ``config.json``: from the Hugging Face
+    cache, or fetched into it (that file alone); each way it can fail is one line with a fix."""
+    from huggingface_hub import constants, hf_hub_download
+    from huggingface_hub.utils import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HfHubHTTPError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
+
+    login = "log in with `hf auth login` or set HF_TOKEN"
+    try:
+        return hf_hub_download(repo_id, "config.json")
+    except HFValidationError:
+        problem = f"no folder {repo_id} here, and {repo_id!r} is no Hub model name (ORG/NAME)"
+        fix = "pass a folder holding config.json, or a Hub name such as hf:gpt2"
+    except GatedRepoError:
+        problem = f"{repo_id} is gated on the Hugging Face Hub and no token of yours may read it"
+        fix = f"accept its terms on its page at {constants.ENDPOINT}/{repo_id}, then {login}"
+    except RepositoryNotFoundError:
+        problem = f"the Hugging Face Hub has no model {repo_id} that you may read"
+        fix = f"check the name; for a private model, {login}"
+    except LocalEntryNotFoundError:
+        where = f"the Hugging Face cache ({constants.HF_HUB_CACHE})"
+        if constants.HF_HUB_OFFLINE:
+            problem = f"HF_HUB_OFFLINE is set and {repo_id}'s config.json is not in {where}"
+            fix = "unset HF_HUB_OFFLINE to fetch it (config.json only), or pass a folder"
+        else:
+            problem = f"{constants.ENDPOINT} cannot be reached and {repo_id}'s config.json "
+            problem += f"is not in {where}"
+            fix = "check the connection (or HF_ENDPOINT), or pass a folder holding config.json"
+    except EntryNotFoundError:
+        problem = f"the Hub model {repo_id} has no config.json"
+        fix = "pass a folder holding its config.json"
+    except HfHubHTTPError as exc:
+        status = exc.response.status_code
+        problem = f"the Hugging Face Hub answered {status} for {repo_id}'s config.json"
+        fix = login if status in (401, 403) else "try again later, or pass a folder"
+    raise CkptplanError(f"{name}: {problem}; {fix}") from None
 
 
 def _recorded_shape(leaf: Any, dims: int) -> bool:

@@ -105,12 +105,6 @@ def test_the_task_comes_from_the_architectures(folders) -> None:
     assert type(model).__name__ == "BertForSequenceClassification"
 
 
-def test_a_name_in_no_folder_and_no_cache_is_one_line(tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    result = CliRunner().invoke(cli, ["solve", "hf:nobody/no-such-model", "--budget", "60%"])
-    assert_one_line_error(result, "local Hugging Face cache", "downloads nothing")
-
-
 def test_hub_flags_with_a_model_file_are_refused(tiny_gpt) -> None:
     result = CliRunner().invoke(cli, ["solve", str(tiny_gpt), "--budget", "1GB", "--seq-len", "8"])
     assert_one_line_error(result, "--seq-len", "hf:")
