@@ -1,6 +1,7 @@
 """Module boundaries of the ckptplan package, read from the source with ``ast`` (no torch):
-no module reaches into another's private names, none grows past 400 lines, and the runtime
-that applies a plan imports none of the planner.
+no module reaches into another's private names, none grows past 400 lines, the runtime that
+applies a plan imports none of the planner, no stage of the planner imports a later one, and
+no modules import each other in a cycle.
 
 A private name is a module's own business, free to change without a look at any other file;
 a module that needs one should have it made public where it lives. A module over 400 lines
@@ -21,10 +22,22 @@ pytestmark = pytest.mark.torchfree
 
 PACKAGE = Path(__file__).resolve().parent.parent / "ckptplan"
 MAX_LINES = 400
-RUNTIME = ("ckptplan.autoplan", "ckptplan.applying")
-"""What ``ckptplan.apply(model, plan)`` runs: ``autoplan`` and every module of ``applying/``."""
+RUNTIME = ("ckptplan.train_api", "ckptplan.applying")
+"""What ``ckptplan.apply(model, plan)`` runs: ``train_api`` and every module of ``applying/``."""
 PLANNER = ("profiling", "planning", "verifying", "cli", "api", "rewriting", "plancache", "loading")
 """The planner's modules and packages, under ``ckptplan``: the runtime imports none of them."""
+STAGES = ("profiling", "planning", "rewriting", "verifying")
+"""The planner's stages in the order a plan flows through them: each imports its own and
+earlier stages only. The runtime (``applying/``) and the value types at the top of the package
+lie below every stage; ``api``, ``cli`` and the other entry points above them all."""
+UPWARD_TODAY = {
+    "ckptplan/planning/search.py:25 imports ckptplan.verifying.fakerun",
+    "ckptplan/planning/sweep.py:30 imports ckptplan.verifying.peers",
+    "ckptplan/planning/sweep.py:31 imports ckptplan.verifying.verification",
+    "ckptplan/profiling/workspace.py:24 imports ckptplan.verifying.allocmeter",
+}
+"""The upward imports still to be moved (issue 40): the test refuses any other, and any of
+these that is gone must leave this list."""
 
 
 def _modules() -> list[Path]:
@@ -218,3 +231,111 @@ def test_the_runtime_imports_none_of_the_planner() -> None:
 def test_imports_are_found(source: str, anywhere: bool, found: list[str]) -> None:
     names = [name for _, name in imports(source, PACKAGE / "example.py", anywhere=anywhere)]
     assert names == found
+
+
+def _named(node: ast.Import | ast.ImportFrom, path: Path) -> Iterator[str]:
+    """The ckptplan modules an import statement names (not the packages above them)."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    else:
+        source = _absolute(node, path)
+        names = [f"{source}.{a.name}" for a in node.names]
+        names = [name if _is_module(name) else source for name in names]
+    yield from (n for n in dict.fromkeys(names) if n.split(".")[0] == "ckptplan" and _is_module(n))
+
+
+def import_graph(sources: dict[Path, str]) -> dict[str, dict[str, int]]:
+    """module -> {ckptplan module it imports: first line}, every import counted: in functions
+    and under ``if TYPE_CHECKING`` too (a type-only import is still a dependency)."""
+    graph: dict[str, dict[str, int]] = {}
+    for path, source in sources.items():
+        edges = graph.setdefault(_dotted(path), {})
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                for name in _named(node, path):
+                    if name != _dotted(path):
+                        edges.setdefault(name, node.lineno)
+    return graph
+
+
+def _stage(dotted: str) -> int | None:
+    parts = dotted.split(".")
+    return STAGES.index(parts[1]) if len(parts) > 2 and parts[1] in STAGES else None
+
+
+def upward_imports(graph: dict[str, dict[str, int]]) -> set[str]:
+    """Each import by a stage of the planner of a later stage, as ``file:line imports X``."""
+    found = set()
+    for module, edges in graph.items():
+        here = _stage(module)
+        for name, line in edges.items():
+            there = _stage(name)
+            if here is not None and there is not None and there > here:
+                found.add(
+                    f"{_path(module).relative_to(PACKAGE.parent).as_posix()}:{line} imports {name}"
+                )
+    return found
+
+
+def cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The groups of modules that import each other, directly or through others (each group
+    sorted): the strongly connected components of more than one module, by Tarjan's method."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for name in graph.get(module, {}):
+            if name not in index:
+                visit(name)
+                low[module] = min(low[module], low[name])
+            elif name in stack:
+                low[module] = min(low[module], index[name])
+        if low[module] == index[module]:
+            group = stack[stack.index(module) :]
+            del stack[stack.index(module) :]
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(found)
+
+
+def _package_graph() -> dict[str, dict[str, int]]:
+    return import_graph({path: path.read_text() for path in _modules()})
+
+
+def test_no_stage_of_the_planner_imports_a_later_one() -> None:
+    assert upward_imports(_package_graph()) == UPWARD_TODAY
+
+
+def test_no_modules_import_each_other() -> None:
+    assert cycles(_package_graph()) == []
+
+
+def _example_graph(files: dict[str, str]) -> dict[str, dict[str, int]]:
+    return import_graph({PACKAGE / name: source for name, source in files.items()})
+
+
+def test_upward_imports_and_cycles_are_found() -> None:
+    graph = _example_graph(
+        {
+            "profiling/profiler.py": "from ckptplan.applying.tensors import first_tensor\n",
+            "planning/search.py": "import ckptplan.profiling.profiler\n\n"
+            "def f():\n    from ckptplan.verifying import fakerun\n",
+            "rewriting/codegen.py": "if TYPE_CHECKING:\n"
+            "    from ckptplan.rewriting.graph import RegionInfo\n",
+            "rewriting/graph.py": "from ckptplan.rewriting.codegen import source\n",
+        }
+    )
+    assert upward_imports(graph) == {
+        "ckptplan/planning/search.py:4 imports ckptplan.verifying.fakerun"
+    }
+    assert cycles(graph) == [["ckptplan.rewriting.codegen", "ckptplan.rewriting.graph"]]
+    del graph["ckptplan.rewriting.codegen"]["ckptplan.rewriting.graph"]
+    assert cycles(graph) == []

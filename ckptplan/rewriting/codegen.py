@@ -16,7 +16,8 @@ import inspect
 import math
 import re
 import types
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.fx
@@ -25,12 +26,20 @@ from torch.fx.graph import _custom_builtins
 from ckptplan.applying import policy as policy_runtime
 from ckptplan.applying.policy import selective
 from ckptplan.errors import CkptplanError
+from ckptplan.policy_types import OpCall
 from ckptplan.rewriting.runtime import if_training, norm_once
 
-if TYPE_CHECKING:
-    from ckptplan.rewriting.graph import RegionInfo
-
 _MODULE_ATTRIBUTES = frozenset(torch.nn.Module().__dict__)
+
+
+@dataclass(frozen=True)
+class RegionInfo:
+    """A region as the rewritten module holds it: its submodule, paths and saved ops."""
+
+    name: str
+    modules: tuple[str, ...]
+    saves: tuple[OpCall, ...] | None
+    nested: tuple[RegionInfo, ...] = ()
 
 
 def source(module: torch.fx.GraphModule, weights: str = "model_ckpt.pt") -> str:

@@ -34,7 +34,6 @@ import operator
 import re
 import sys
 import types
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,21 +52,11 @@ from ckptplan.hub import HubModel, is_hub_name
 from ckptplan.loading import load_model_file
 from ckptplan.plan import Plan, Region, as_plan
 from ckptplan.policy_types import OpCall, Policy
-from ckptplan.rewriting.codegen import source
+from ckptplan.rewriting.codegen import RegionInfo, source
 from ckptplan.rewriting.extract import trace
 from ckptplan.rewriting.runtime import norm_once
 
 __all__ = ["RegionInfo", "rewrite", "rewrite_file", "save", "source"]
-
-
-@dataclass(frozen=True)
-class RegionInfo:
-    """A region as the rewritten module holds it: its submodule, paths and saved ops."""
-
-    name: str
-    modules: tuple[str, ...]
-    saves: tuple[OpCall, ...] | None
-    nested: tuple[RegionInfo, ...] = ()
 
 
 def rewrite(
