@@ -1,4 +1,4 @@
-"""Memory budgets as users write them (DESIGN.md section 3), and bytes as users read them.
+"""Memory budgets as users write them (docs/design.md §4), and bytes as users read them.
 
 Units follow Hugging Face accelerate and Kubernetes: ``G``, ``GB`` (and ``K``, ``M``, ``T``
 with or without ``B``) are powers of 10, ``Gi``, ``GiB`` powers of 2, so ``12G`` is ``12GB``,

@@ -1,4 +1,4 @@
-"""Load a model file (DESIGN.md section 2) and turn its mistakes into one-line errors.
+"""Load a model file (docs/design.md §3) and turn its mistakes into one-line errors.
 
 A model file defines ``build_model()``, ``example_inputs(batch_size=...)`` and optionally
 ``loss_fn(output)``. Every failure names the file, the line where it can, and the fix.

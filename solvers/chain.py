@@ -8,7 +8,7 @@ for it), until its segment is recomputed at the start of the segment's backward.
 
 With ``P`` the savings of all checkpointed blocks before a run, every event inside the run has
 live bytes ``value - P``: that form lets the dynamic programme compose runs right to left. The
-execution it describes is non-reentrant ``torch.utils.checkpoint`` (DESIGN.md section 4).
+execution it describes is non-reentrant ``torch.utils.checkpoint`` (docs/design.md §5).
 
 Example:
     >>> blocks = [ChainBlock(f"b{i}", fwd_time=1.0, input_bytes=10, saved_bytes=30,

@@ -25,7 +25,7 @@ step it runs the old and the new version are both counted; a view or alias costs
 readers read the op that wrote the storage.
 
 ``schedule_of_plan`` writes a chain plan (segments of blocks, selective options) as a schedule
-of that problem, the way non-reentrant ``torch.utils.checkpoint`` runs it (DESIGN.md section 4),
+of that problem, the way non-reentrant ``torch.utils.checkpoint`` runs it (docs/design.md §5),
 and ``optimality_gap`` compares its cost with ``solvers.remat.solve`` at the same peak.
 """
 

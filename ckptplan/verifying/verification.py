@@ -1,5 +1,5 @@
 """Ground truth for one plan: its training step measured on the local device against the
-unchecked step of the same model and batch (DESIGN.md section 9), as a ``Verification``.
+unchecked step of the same model and batch (docs/design.md §8), as a ``Verification``.
 
 Memory is the peak of one steady-state step (``ckptplan.verifying.steppeak``), with the profiler's
 live-storage tracker's figure beside the allocator's on CPU; time is the median of paired
