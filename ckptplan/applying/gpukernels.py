@@ -24,7 +24,7 @@ from contextvars import ContextVar
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
+from torch.overrides import TorchFunctionMode
 
 aten = torch.ops.aten
 FLASH = aten._scaled_dot_product_flash_attention.default
@@ -32,8 +32,9 @@ EFFICIENT = aten._scaled_dot_product_efficient_attention.default
 GPU_ONLY_OPS = frozenset({str(FLASH), str(EFFICIENT)})
 """Ops a selective policy may name that only a CUDA device runs."""
 _ACTIVE: ContextVar[int] = ContextVar("ckptplan_gpu_kernels", default=0)
-"""How many ``GpuAttention`` are entered: a mode is off its stack while it handles a call,
-so code below dispatch (``rnn``, sizing cuDNN's reserve) asks this instead."""
+"""How many ``GpuAttention`` are entered. Counted here, not read off torch's mode stack: the
+stack has no public reader, and a mode is off it while it handles a call, where code below
+dispatch (``rnn``, sizing cuDNN's reserve) still asks."""
 
 
 class GpuAttention(TorchFunctionMode):
@@ -93,9 +94,7 @@ def emulated() -> bool:
     """Whether ``GpuAttention`` is active. A recomputation runs inside ``backward``, where
     torch-function modes are off, so a checkpointed region re-enters it there when it was
     active in forward (as torch's checkpoint does for a device context)."""
-    return bool(_ACTIVE.get()) or any(
-        isinstance(m, GpuAttention) for m in _get_current_function_mode_stack()
-    )
+    return bool(_ACTIVE.get())
 
 
 def runs_gpu_kernels(tensor: torch.Tensor) -> bool:

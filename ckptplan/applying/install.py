@@ -87,7 +87,10 @@ def refuse_wrapped(model: torch.nn.Module) -> None:
     order = "ckptplan.apply(model, plan), then fully_shard/DDP, then torch.compile"
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         raise CkptplanError(f"apply the plan before wrapping the model in DDP: {order}")
-    if type(model).__name__ == "OptimizedModule" and hasattr(model, "_orig_mod"):
+    # torch.compile's wrapper, known by its class: torch's name for it is private
+    # (torch._dynamo), and importing that would cost a training job torch's compiler.
+    wrapper = type(model)
+    if wrapper.__name__ == "OptimizedModule" and wrapper.__module__.startswith("torch."):
         raise CkptplanError(f"apply the plan before torch.compile: {order}")
     # Only a process that imported FSDP can have wrapped the model with it; importing it here
     # would cost a training job half a second.

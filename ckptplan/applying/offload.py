@@ -5,6 +5,12 @@ Eager torch recomputes what a ``MUST_CPU_OFFLOAD`` policy names, so a region tha
 these caching dispatch modes instead of torch's selective-checkpoint contexts (under
 ``torch.compile`` the partitioner takes the policy itself). What the policy saves is cached too,
 with its version, so an in-place change since forward is refused rather than used.
+
+Two names here are torch's own and not in its public API, for want of one (torch 2.5 to 2.14):
+``TorchDispatchMode``, whose only home is ``torch.utils._python_dispatch`` (torch's "Extending
+PyTorch" notes and ``torch.library`` name it there), and ``Tensor._version``, the version
+counter torch's own selective checkpoint checks its cached outputs by. A plan without offload
+never runs them, but this module is imported with every region.
 """
 
 from __future__ import annotations
@@ -13,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 from torch.utils.checkpoint import SAC_IGNORED_OPS, CheckpointPolicy
@@ -23,7 +28,7 @@ from ckptplan.applying.policy import Choices, OpCalls
 
 @dataclass(frozen=True)
 class _Offloaded:
-    """A saved output moved off the device: a pinned host copy, or a fake tensor's layout."""
+    """A saved output moved off the device: a pinned host copy, or a data-less tensor's layout."""
 
     host: torch.Tensor | None
     size: torch.Size
@@ -45,9 +50,10 @@ def _keep(t: torch.Tensor) -> _Kept:
 
 
 def _to_host(t: torch.Tensor) -> _Kept | _Offloaded:
-    """Move ``t`` off its device. On a CPU it is host memory already and stays; a fake tensor
-    keeps only its layout, so a fake run counts no device bytes for it until it returns."""
-    if isinstance(t, FakeTensor):
+    """Move ``t`` off its device. On a CPU it is host memory already and stays. A tensor with no
+    data behind it (a fake run's, whose storage is on ``meta``) keeps only its layout, so the
+    run counts no device bytes for it until it returns."""
+    if t.untyped_storage().device.type == "meta":
         return _Offloaded(None, t.size(), t.stride(), t.dtype, t.device)
     if t.device.type == "cpu":
         return _keep(t)
