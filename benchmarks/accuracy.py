@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 import ckptplan
-from ckptplan.budget import format_bytes
+from ckptplan.budget import ResolvedBudget, format_bytes
 from ckptplan.loading import load_model_file
 from ckptplan.planning.problem import to_chain
 from ckptplan.planning.schedule_plan import plan_from_schedule
@@ -59,7 +59,7 @@ def cases(model: Path, repeats: int) -> list[dict]:
     rows = []
     workload = load_model_file(model)
     for schedule in schedules:
-        plan = plan_from_schedule(profile, chain, schedule, "benchmark", none.peak)
+        plan = plan_from_schedule(profile, chain, schedule, ResolvedBudget("benchmark", none.peak))
         fake = fake_run_peak(workload, plan)
         result = ckptplan.verify(model, plan, repeats=repeats)
         measured = result.measured_peak_bytes

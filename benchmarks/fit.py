@@ -33,7 +33,6 @@ import torch
 import ckptplan
 from ckptplan.capacity import Fit, FitPoint
 from ckptplan.errors import BelowLeastPeak
-from ckptplan.options import Parallel, ProfileOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 ZOO = ROOT / "sample_models" / "zoo"
@@ -122,11 +121,15 @@ def zoo_row(name: str, budget: int) -> dict[str, Any]:
 
 
 def scale_row(shape: str, world_size: int) -> dict[str, Any]:
-    step = ProfileOptions(target="h100", dtype="bf16")
-    ranks = Parallel(world_size=world_size, strategy="fsdp" if world_size > 1 else None)
     started = time.perf_counter()
     result = ckptplan.fit(
-        f"{SHAPES}:{shape}", budget="80GiB", max_size=64, profile_options=step, parallel=ranks
+        f"{SHAPES}:{shape}",
+        budget="80GiB",
+        max_size=64,
+        target="h100",
+        dtype="bf16",
+        world_size=world_size,
+        strategy="fsdp" if world_size > 1 else None,
     )
     return {
         "shape": shape,

@@ -124,18 +124,13 @@ def fit_point(setup: Setup) -> dict[str, Any]:
     """``fit`` for the GPU at the GPT sample's unchecked peak at the check's batch: the
     largest batch its plans fit, that batch's plan measured on the device, the next refused."""
     path = MODELS["gpt"]
-    step = ckptplan.ProfileOptions(target=setup.kind, dtype="bf16")
+    step = {"target": setup.kind, "dtype": "bf16"}
     unchecked = ckptplan.solve(
-        path,
-        budget="100%",
-        solver="none",
-        fake_run=False,
-        profile_options=step,
-        batch_size=setup.batch_size,
+        path, budget="100%", solver="none", fake_run=False, batch_size=setup.batch_size, **step
     )
     budget = unchecked.predicted.peak_bytes
     started = time.perf_counter()
-    answer = ckptplan.fit(path, budget=budget, max_size=4 * setup.batch_size, profile_options=step)
+    answer = ckptplan.fit(path, budget=budget, max_size=4 * setup.batch_size, **step)
     seconds = time.perf_counter() - started
     sizes = {p.size: p for p in answer.points}
     plan = answer.plan_for(answer.largest)

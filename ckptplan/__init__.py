@@ -13,7 +13,8 @@ __version__ = "0.1.0"
 
 _API = {
     "solve": "ckptplan.api",
-    "apply": "ckptplan.autoplan",
+    "apply": "ckptplan.train_api",
+    "autoplan": "ckptplan.train_api",
     "verify": "ckptplan.api",
     "fit": "ckptplan.capacity",
     "profile": "ckptplan.api",

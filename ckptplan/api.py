@@ -1,23 +1,23 @@
 """The Python API, mirroring the CLI: ``profile``, ``solve``, ``verify``.
 
-Each takes its options as one object per concern (``ckptplan.options``): ``ProfileOptions``
-for the step, ``SolveOptions`` for the search, ``Parallel`` for the ranks; or the same fields
-as keywords, folded into them by name.
+Each option is a keyword-only parameter named as its CLI flag (Note [one field per option] in
+``ckptplan.options``), so ``help(ckptplan.solve)`` lists them with their defaults. Inside,
+they travel as one object per concern (``ProfileOptions`` for the step, ``SolveOptions`` for
+the search, ``Parallel`` for the ranks): ``solve_with`` and ``profile_with`` take those, for
+the CLI and ``fit``. Old spellings (``device=``, ``parallel="fsdp"``, an options object for a
+concern) still work for one release, with a ``DeprecationWarning`` (``ckptplan.deprecation``).
 
 Example:
     >>> plan = ckptplan.solve("sample_models/gpt.py", budget="60%", solver="dp")  # doctest: +SKIP
     >>> plan = ckptplan.solve(
-    ...     "sample_models/gpt.py",
-    ...     budget="12GB",
-    ...     profile_options=ProfileOptions(batch_size=8, target="h100"),
-    ...     parallel=Parallel(world_size=8, strategy="fsdp"),
+    ...     "sample_models/gpt.py", budget="12GB", batch_size=8, target="h100",
+    ...     world_size=8, strategy="fsdp",
     ... )  # doctest: +SKIP
     >>> model = ckptplan.apply(build_model(), plan)  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -25,19 +25,25 @@ from typing import Any
 
 import torch
 
-from ckptplan.budget import admitting_budget, format_budget_at_least, format_bytes, parse_budget
+from ckptplan.budget import Budget, ResolvedBudget, format_bytes, parse_budget
 from ckptplan.callerstate import keeps_random_state
+from ckptplan.deprecation import old_spellings
+from ckptplan.devices import held_back_percent
 from ckptplan.errors import BelowLeastPeak, CkptplanError, option
 from ckptplan.hub import HubModel, is_hub_name
 from ckptplan.loading import Inputs, LiveModel, Workload, load_model_file
 from ckptplan.options import (
+    Autocast,
+    DType,
+    Optimizer,
     Parallel,
     ProfileOptions,
+    Scope,
     SolveOptions,
-    fold_keywords,
+    Strategy,
+    Target,
+    options_from,
     precision,
-    refuse_unknown_keywords,
-    renamed_keywords,
 )
 from ckptplan.plan import Plan, as_plan
 from ckptplan.planning.distributed import per_rank
@@ -45,13 +51,13 @@ from ckptplan.planning.opgraph import GapReport, optimality_gap
 from ckptplan.planning.problem import selective_menus, to_chain
 from ckptplan.planning.scaleout import sharding_advice
 from ckptplan.planning.schedule_plan import plan_from_schedule
-from ckptplan.planning.search import Search, below_least_peak, held_back_percent, search_plan
+from ckptplan.planning.search import Search, search_plan
 from ckptplan.planning.simulate import predict
 from ckptplan.profile_types import Profile, Settings
 from ckptplan.profiling.profiler import profile_model
 from ckptplan.profiling.training import dtype_name, optimizer_name
 from ckptplan.progress import QUIET, Progress
-from ckptplan.solvers import BASELINES, SOLVERS, run_solver
+from ckptplan.solvers import BASELINES, SOLVERS, SolverName, run_solver
 from ckptplan.solvers.chain import InfeasibleBudget
 from ckptplan.verifying.fakerun import fake_run_peak
 from ckptplan.verifying.verification import Verification, verify_plan
@@ -63,10 +69,10 @@ ModelArg = torch.nn.Module | str | Path | HubModel
 
 def load_workload(model: str | Path | HubModel) -> Workload:
     """The workload a model file or ``hf:`` name stands for (as the commands take them)."""
-    return _workload(model, None, None)
+    return workload_of(model, None, None)
 
 
-def _workload(
+def workload_of(
     model: ModelArg,
     example_inputs: Inputs | None,
     loss_fn: Callable[[Any], torch.Tensor] | None,
@@ -105,50 +111,43 @@ def settings_of(options: ProfileOptions) -> Settings:
     )
 
 
-def options_of(
-    function: str,
-    keywords: dict[str, Any],
-    profile_options: ProfileOptions | None,
-    parallel: Parallel | str | None,
-) -> tuple[ProfileOptions, Parallel]:
-    """A call's profile options and ranks, with the keywords that name their fields folded in
-    (Note [one field per option] in ``ckptplan.options``); ``parallel="fsdp"`` is the old
-    spelling of ``strategy="fsdp"``."""
-    if isinstance(parallel, str):
-        warnings.warn(
-            f"{function}(parallel={parallel!r}) is now strategy={parallel!r}",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        keywords.setdefault("strategy", parallel)
-        parallel = None
-    return (
-        fold_keywords(profile_options or ProfileOptions(), keywords),
-        fold_keywords(parallel or Parallel(), keywords),
-    )
-
-
-@keeps_random_state
-@renamed_keywords(device="target")
+@old_spellings(device="target")
 def profile(
     model: ModelArg,
     example_inputs: Inputs | None = None,
     *,
-    profile_options: ProfileOptions | None = None,
-    parallel: Parallel | str | None = None,
+    batch_size: int | None = None,
+    optimizer: Optimizer | str | type[torch.optim.Optimizer] = "adamw",
+    dtype: DType | torch.dtype = "fp32",
+    autocast: Autocast | torch.dtype | None = None,
+    target: Target = "cpu",
+    blocks: str | None = None,
+    measure: bool = False,
+    compiled: bool = False,
+    world_size: int = 1,
+    strategy: Strategy | None = None,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     progress: Progress = QUIET,
-    **keywords: Any,
 ) -> Profile:
     """Profile one training step on fake tensors (nothing is allocated), priced for the
-    target device.
+    ``target`` device.
 
-    ``measure=True`` also runs the step for real on this machine and times every op. With a
-    ``Parallel`` strategy ("fsdp" or "ddp") and world size, the profile is one rank's.
+    The step: ``batch_size`` (a model file's; None: its own), ``optimizer`` (a name, or a
+    ``torch.optim`` class), ``dtype`` (or a ``torch.dtype``; ``bf16-mixed`` is fp32 weights
+    under ``autocast`` bf16), ``blocks`` (module paths of the chain, ``layers.*``; None:
+    found), ``compiled`` (priced as ``torch.compile`` runs it). ``measure=True`` also runs the
+    step for real on this machine and times every op. With a ``strategy`` ("fsdp" or "ddp")
+    and ``world_size``, the profile is one rank's.
     """
-    step, ranks = options_of("profile", keywords, profile_options, parallel)
-    refuse_unknown_keywords("profile", keywords)
-    workload = _workload(model, example_inputs, loss_fn)
+    step, _, ranks = options_from(locals())
+    return profile_with(workload_of(model, example_inputs, loss_fn), step, ranks, progress)
+
+
+@keeps_random_state
+def profile_with(
+    workload: Workload, step: ProfileOptions, ranks: Parallel, progress: Progress = QUIET
+) -> Profile:
+    """``profile`` with its options as objects (the CLI's, ``solve_pipeline``'s)."""
     settings = settings_of(step)
     progress.phase(_profiling(settings))
     return _per_rank(profile_model(workload, settings), ranks)
@@ -161,131 +160,168 @@ def _profiling(settings: Settings) -> str:
     return "profiling one training step on fake tensors"
 
 
-@keeps_random_state
-@renamed_keywords(device="target")
+@old_spellings(device="target")
 def solve(
     model: ModelArg,
     example_inputs: Inputs | None = None,
     *,
     budget: str | int,
-    solve_options: SolveOptions | None = None,
-    profile_options: ProfileOptions | None = None,
-    parallel: Parallel | str | None = None,
+    solver: SolverName = "auto",
+    scope: Scope = "step",
+    margin: float | None = None,
+    fake_run: bool = True,
+    offload: bool = True,
+    every: int = 2,
+    max_segment: int | None = None,
+    batch_size: int | None = None,
+    optimizer: Optimizer | str | type[torch.optim.Optimizer] = "adamw",
+    dtype: DType | torch.dtype = "fp32",
+    autocast: Autocast | torch.dtype | None = None,
+    target: Target = "cpu",
+    blocks: str | None = None,
+    measure: bool = False,
+    compiled: bool = False,
+    world_size: int = 1,
+    strategy: Strategy | None = None,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     progress: Progress = QUIET,
-    **keywords: Any,
 ) -> Plan:
-    """Profile the model and return the plan of least recompute time that fits ``budget`` on
-    the target device, less the ``margin`` percent of it (default: the target's, 0.1 on the
-    CPU, 3 on a GPU).
+    """Profile the model and return the plan of least recompute time that fits ``budget``
+    (``12GB``, ``11.5GiB``, ``60%`` of the unchecked peak) on the ``target`` device, less the
+    ``margin`` percent of it held back (default: the target's, 0.1 on the CPU, 3 on a GPU).
+
+    The search: ``solver`` (``auto`` adds selective policies to ``dp``'s regions; ``none``,
+    ``full``, ``sqrt``, ``every-k`` with ``every``, are fixed plans), ``scope`` (the budget
+    holds the whole ``step``'s peak, or the ``activations`` alone), ``max_segment`` (the most
+    blocks in one region), ``offload`` (False: no policy moves tensors to host memory; by
+    default only where a copy pays, Note [when offload pays] in ``ckptplan.devices``). The
+    step and the ranks: as ``profile`` takes them.
 
     With ``fake_run`` (the default) the chosen plan is executed on fake tensors to confirm
     its peak; should the real checkpointed code need more than the chain model predicted,
     the solver is asked again with the difference taken off the budget.
 
-    With a ``Parallel`` strategy ("fsdp" or "ddp") and world size the budget, the profile and
-    the plan are one rank's (``batch_size`` is the per-rank batch); the fake run, which
-    executes one unsharded device, is skipped.
+    With a ``strategy`` ("fsdp" or "ddp") and ``world_size`` the budget, the profile and the
+    plan are one rank's (``batch_size`` is the per-rank batch); the fake run, which executes
+    one unsharded device, is skipped.
 
     With ``compiled``, the plan is for ``apply`` then ``torch.compile``: the step is priced
     fused, and the fake run compiles it, so the budget holds the partition AOTAutograd makes
     (a percentage is of the compiled unchecked step's peak); the plan records that partition.
     """
-    step, ranks = options_of("solve", keywords, profile_options, parallel)
-    search_options = fold_keywords(solve_options or SolveOptions(), keywords)
-    refuse_unknown_keywords("solve", keywords)
-    solver, scope = search_options.solver, search_options.scope
+    step, search, ranks = options_from(locals())
+    workload = workload_of(model, example_inputs, loss_fn)
+    return solve_with(workload, parse_budget(str(budget)), step, search, ranks, progress)
+
+
+SEARCHING = ("dp", "auto")
+"""The solvers that search for a plan under the budget: only they hold a margin back (a fixed
+policy is the plan the user named)."""
+
+
+@keeps_random_state
+def solve_with(
+    workload: Workload,
+    budget: Budget,
+    step: ProfileOptions,
+    search: SolveOptions,
+    ranks: Parallel,
+    progress: Progress = QUIET,
+) -> Plan:
+    """``solve`` with its options as objects (the CLI's, ``fit``'s, ``autoplan``'s)."""
+    solver, scope = search.solver, search.scope
     if solver not in SOLVERS:
         raise CkptplanError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
-    parsed = parse_budget(str(budget))
-    workload = _workload(model, example_inputs, loss_fn)
+    held_back = held_back_percent(search.margin, step.target, step.compiled)
     settings = settings_of(step)
     progress.phase(_profiling(settings))
     whole = profile_model(workload, settings)
     prof = _per_rank(whole, ranks)
     progress.phase(f"solving ({solver})")
-    menus = selective_menus(prof) if solver == "auto" else None
+    menus = selective_menus(prof, offload=search.offload) if solver == "auto" else None
     chain = to_chain(prof, scope, menus)
-    chain_options = search_options.solver_options
-    unchecked = run_solver("none", chain, None, chain_options)
-    checked = search_options.fake_run and ranks.strategy is None
+    unchecked = run_solver("none", chain, None, search.solver_options)
+    checked = search.fake_run and ranks.strategy is None
     reference_peak = unchecked.peak
     if step.compiled and checked:
         progress.phase("compiling the unchecked step on fake tensors")
-        reference_peak = fake_run_peak(
-            workload, plan_from_schedule(prof, chain, unchecked, parsed.text, 0, scope)
-        )
-    budget_bytes = parsed.resolve(reference_peak)
-    # A fixed policy is the plan the user named: only the searching solvers hold a margin back.
-    held_back = 0.0
-    if solver in ("dp", "auto"):
-        held_back = held_back_percent(search_options.margin, step.target, step.compiled)
-    aim = budget_bytes - round(budget_bytes * held_back / 100)
+        unchecked_plan = plan_from_schedule(prof, chain, unchecked, ResolvedBudget(budget.text, 0))
+        reference_peak = fake_run_peak(workload, unchecked_plan)
+    resolved = budget.resolved(reference_peak, scope, held_back if solver in SEARCHING else 0.0)
     baselines = {}
     for name in BASELINES:
-        base = run_solver(name, chain, None, chain_options)
+        base = run_solver(name, chain, None, search.solver_options)
         baselines[base.solver] = predict(prof, chain, base, scope).to_json()
-    search = Search(
+    problem = Search(
         prof=prof,
         chain=chain,
         menus=menus,
         workload=workload,
-        options=chain_options,
-        budget_text=parsed.text,
-        budget_bytes=budget_bytes,
-        aim=aim,
-        scope=scope,
-        margin=held_back,
+        options=search.solver_options,
+        budget=resolved,
+        offload=search.offload,
         ranks=ranks,
         baselines=baselines,
         checked=checked,
         progress=progress,
     )
     try:
-        plan, confirmed = search_plan(search, solver)
+        plan, confirmed = search_plan(problem, solver)
     except BelowLeastPeak as exc:
         if scope != "step":  # a budget for activations alone: sharding does not change them
             raise
-        advice = sharding_advice(whole, aim, scope, ranks.world_size)
+        advice = sharding_advice(whole, resolved.aim, scope, ranks.world_size)
         raise BelowLeastPeak(f"{exc}{advice}", exc.least_bytes) from None
     if plan is not None:
         return plan
     raise CkptplanError(
         f"the checkpointed step, run on fake tensors, needs {format_bytes(confirmed)}, over "
-        f"the {format_bytes(aim)} the budget {format_bytes(budget_bytes)} leaves with every "
-        f"plan {solver} found for it; use "
-        f"{option('budget', format_budget_at_least(admitting_budget(confirmed, held_back)))} "
-        "or more"
+        f"the {format_bytes(resolved.aim)} the budget {format_bytes(resolved.bytes)} leaves "
+        f"with every plan {solver} found for it; use "
+        f"{option('budget', resolved.at_least(confirmed))} or more"
     )
 
 
-@keeps_random_state
-@renamed_keywords(device="target")
+@old_spellings(device="target")
 def optimality_gap_of_auto(
     model: ModelArg,
     example_inputs: Inputs | None = None,
     *,
     budget: str | int,
     time_limit_s: float = 60.0,
-    profile_options: ProfileOptions | None = None,
+    batch_size: int | None = None,
+    optimizer: Optimizer | str | type[torch.optim.Optimizer] = "adamw",
+    dtype: DType | torch.dtype = "fp32",
+    autocast: Autocast | torch.dtype | None = None,
+    target: Target = "cpu",
+    blocks: str | None = None,
+    measure: bool = False,
+    compiled: bool = False,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
-    **keywords: Any,
 ) -> GapReport:
     """Auto's plan for an activations ``budget`` against the exact op-graph optimum (the
-    ``ilp`` solver) at the same peak: see ``ckptplan.planning.opgraph``."""
-    step = fold_keywords(profile_options or ProfileOptions(), keywords)
-    refuse_unknown_keywords("optimality_gap_of_auto", keywords)
-    parsed = parse_budget(str(budget))
-    prof = profile(model, example_inputs, profile_options=step, loss_fn=loss_fn)
+    ``ilp`` solver) at the same peak: see ``ckptplan.planning.opgraph``. The step's options
+    are ``profile``'s."""
+    step = options_from(locals())[0]
+    return optimality_gap_with(
+        workload_of(model, example_inputs, loss_fn), parse_budget(str(budget)), step, time_limit_s
+    )
+
+
+def optimality_gap_with(
+    workload: Workload, budget: Budget, step: ProfileOptions, time_limit_s: float = 60.0
+) -> GapReport:
+    """``optimality_gap_of_auto`` with the step's options as an object (the CLI's)."""
+    prof = profile_with(workload, step, Parallel())
     menus = selective_menus(prof)
     chain = to_chain(prof, "activations", menus)
     unchecked = run_solver("none", chain, None)
-    budget_bytes = parsed.resolve(unchecked.peak)
+    resolved = budget.resolved(unchecked.peak, "activations", 0.0)
     try:
-        schedule = run_solver("auto", chain, budget_bytes)
+        schedule = run_solver("auto", chain, resolved.bytes)
     except InfeasibleBudget as exc:
-        refusal = (budget_bytes, prof, "auto", "activations", 0.0)
-        raise below_least_peak(exc.least_peak, *refusal) from None
+        of = f"{prof.model_name} with solver auto (scope activations)"
+        raise resolved.below_least_peak(exc.least_peak, of) from None
     return optimality_gap(prof, chain, schedule, time_limit_s, menus=menus)
 
 
@@ -302,7 +338,7 @@ def _per_rank(prof: Profile, ranks: Parallel) -> Profile:
 
 
 @keeps_random_state
-@renamed_keywords(device="run_on")
+@old_spellings(device="run_on")
 def verify(
     model: ModelArg,
     plan: Plan | str | Path,
@@ -316,7 +352,7 @@ def verify(
 ) -> Verification:
     """Run the step with and without the plan on the local device ``run_on`` (default CUDA
     where present): measured peak, time ratio, gradient difference."""
-    workload = _workload(model, example_inputs, loss_fn)
+    workload = workload_of(model, example_inputs, loss_fn)
     the_plan = as_plan(plan)
     if isinstance(workload, HubModel):
         workload = workload.sized_as(the_plan.inputs)

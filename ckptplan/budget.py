@@ -17,7 +17,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from ckptplan.errors import CkptplanError
+from ckptplan.errors import BelowLeastPeak, CkptplanError, option
 
 _PREFIXES = {
     "": (1, ""),
@@ -52,6 +52,53 @@ class Budget:
             return self.bytes
         assert self.fraction is not None
         return int(self.fraction * unchecked_peak)
+
+    def resolved(self, unchecked_peak: int, scope: str, margin_percent: float) -> ResolvedBudget:
+        """This budget in bytes for a step of ``unchecked_peak``, holding ``margin_percent``
+        of it back."""
+        return ResolvedBudget(self.text, self.resolve(unchecked_peak), scope, margin_percent)
+
+
+@dataclass(frozen=True)
+class ResolvedBudget:
+    """One solve's budget, made once and passed down to the plan that records it: as the user
+    wrote it, in bytes, what it holds (``step`` or ``activations``), the percent held back
+    (``--margin``, ``ckptplan.devices.held_back_percent``) and the peak a plan aims at.
+
+    >>> ResolvedBudget("1000", 1000, margin_percent=3.0).aim
+    970
+    """
+
+    text: str
+    bytes: int
+    scope: str = "step"
+    margin_percent: float = 0.0
+
+    @property
+    def aim(self) -> int:
+        """The peak a plan must reach: the budget less what it holds back."""
+        return self.bytes - round(self.bytes * self.margin_percent / 100)
+
+    def at_least(self, peak: int) -> str:
+        """The ``--budget`` to ask for instead, rounded up, whose aim holds ``peak``."""
+        return format_budget_at_least(admitting_budget(peak, self.margin_percent))
+
+    def below_least_peak(self, least: int, of: str, advice: str = "") -> BelowLeastPeak:
+        """The refusal of this budget where no plan reaches below ``least`` bytes: the one
+        message for it, whoever refuses (``solve``, a pipeline's stage, ``fit``, ``autoplan``).
+
+        >>> budget = ResolvedBudget("1MB", 10**6, margin_percent=3.0)
+        >>> print(budget.below_least_peak(2**20, "m"))  # doctest: +NORMALIZE_WHITESPACE
+        budget 976.56 KiB less its 3% margin is below the least feasible peak 1.00 MiB of m;
+        use budget='1.04MiB' or more
+        """
+        held = f" less its {self.margin_percent:g}% margin" if self.margin_percent else ""
+        return BelowLeastPeak(
+            f"budget {format_bytes(self.bytes)}{held} is below the least feasible peak "
+            f"{format_bytes(least)} of {of}; use {option('budget', self.at_least(least))} or "
+            f"more{advice}",
+            least,
+        )
 
 
 def parse_budget(text: str) -> Budget:

@@ -26,13 +26,28 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ckptplan.api import load_workload, solve
-from ckptplan.budget import format_budget_at_least, format_bytes, parse_budget
+import torch
+
+from ckptplan.api import load_workload, solve_with
+from ckptplan.budget import Budget, format_bytes, parse_budget
+from ckptplan.deprecation import old_spellings
 from ckptplan.errors import BelowLeastPeak, CkptplanError, option
 from ckptplan.hub import HubModel
-from ckptplan.options import Parallel, ProfileOptions, SolveOptions
+from ckptplan.options import (
+    Autocast,
+    DType,
+    Optimizer,
+    Parallel,
+    ProfileOptions,
+    Scope,
+    SolveOptions,
+    Strategy,
+    Target,
+    options_from,
+)
 from ckptplan.plan import Plan
 from ckptplan.progress import QUIET, Progress
+from ckptplan.solvers import SolverName
 
 VARY = ("batch", "seq-len")
 
@@ -48,6 +63,8 @@ class FitPoint:
     plan: Plan | None = None
     throughput: float | None = None
     """Predicted samples (tokens, for ``seq-len``) per second, recompute included."""
+    refusal: str = ""
+    """Why ``solve`` refused this size, where it did."""
 
     @property
     def overhead(self) -> float | None:
@@ -108,23 +125,55 @@ class Fit:
         }
 
 
+@old_spellings(device="target")
 def fit(
     model: str | Path | HubModel,
     *,
     budget: str | int,
     vary: str = "batch",
     max_size: int = 4096,
-    profile_options: ProfileOptions | None = None,
-    solve_options: SolveOptions | None = None,
-    parallel: Parallel | None = None,
+    solver: SolverName = "auto",
+    scope: Scope = "step",
+    margin: float | None = None,
+    fake_run: bool = True,
+    offload: bool = True,
+    every: int = 2,
+    max_segment: int | None = None,
+    batch_size: int | None = None,
+    optimizer: Optimizer | str | type[torch.optim.Optimizer] = "adamw",
+    dtype: DType | torch.dtype = "fp32",
+    autocast: Autocast | torch.dtype | None = None,
+    target: Target = "cpu",
+    blocks: str | None = None,
+    measure: bool = False,
+    compiled: bool = False,
+    world_size: int = 1,
+    strategy: Strategy | None = None,
     progress: Progress = QUIET,
 ) -> Fit:
     """The largest ``vary`` size (the batch, or an ``hf:`` model's sequence length) whose best
     plan fits ``budget`` (an absolute size: a percentage would change with the size), up to
-    ``max_size``, and the fitting size of best predicted throughput."""
+    ``max_size``, and the fitting size of best predicted throughput. The other options are
+    ``ckptplan.solve``'s (``batch_size`` only with ``vary="seq-len"``); ``fake_run`` confirms
+    the answer and the size after it."""
+    step, search, ranks = options_from(locals())
+    return fit_with(model, parse_budget(str(budget)), vary, max_size, step, search, ranks, progress)
+
+
+def fit_with(
+    model: str | Path | HubModel,
+    budget: Budget,
+    vary: str,
+    max_size: int,
+    step: ProfileOptions,
+    search: SolveOptions,
+    ranks: Parallel,
+    progress: Progress = QUIET,
+) -> Fit:
+    """``fit`` with its options as objects (the CLI's)."""
     if vary not in VARY:
         raise CkptplanError(f"{option('vary', vary)}: choose one of {', '.join(VARY)}")
-    parsed = parse_budget(str(budget))
+    parsed = budget
     if parsed.bytes is None:
         raise CkptplanError(
             f"budget {parsed.text!r} is a share of the unchecked step, which grows with the "
@@ -136,34 +185,27 @@ def fit(
             f"{option('vary', 'seq-len')} needs an hf: model, whose inputs ckptplan makes; a "
             "model file's example_inputs set their own sequence length"
         )
-    step = profile_options or ProfileOptions()
     if vary == "seq-len":
         assert isinstance(workload, HubModel)
         step = replace(step, batch_size=step.batch_size or 1)
         max_size = min(max_size, workload.position_limit or max_size)
 
-    confirming = solve_options or SolveOptions()
+    confirming = search
     searching = replace(confirming, fake_run=False)
 
     def ask(size: int, search: SolveOptions = searching) -> FitPoint:
         progress.phase(f"solving at {vary} {size}")
-        target: str | Path | HubModel = model
+        sized = workload
         options = step
         if vary == "seq-len":
             assert isinstance(workload, HubModel)
-            target = replace(workload, seq_len=size)
+            sized = replace(workload, seq_len=size)
         else:
             options = replace(step, batch_size=size)
         try:
-            plan = solve(
-                target,
-                budget=parsed.bytes,
-                solve_options=search,
-                profile_options=options,
-                parallel=parallel,
-            )
+            plan = solve_with(sized, parsed, options, search, ranks)
         except BelowLeastPeak as refused:
-            return FitPoint(size, False, refused.least_bytes)
+            return FitPoint(size, False, refused.least_bytes, refusal=str(refused))
         items = size * (step.batch_size or 1) if vary == "seq-len" else size
         seconds = plan.predicted.step_time_s + plan.predicted.recompute_time_s
         throughput = items / seconds if seconds > 0 else None
@@ -217,12 +259,9 @@ def _search(ask: Callable[[int], FitPoint], max_size: int) -> tuple[FitPoint, ..
 def _answer(vary: str, budget_bytes: int, points: tuple[FitPoint, ...]) -> Fit:
     fitting = [p for p in points if p.fits]
     if not fitting:
-        least = points[0].peak_bytes
+        least = points[0]
         raise BelowLeastPeak(
-            f"even {vary} 1 needs {format_bytes(least)} at least, over the budget "
-            f"{format_bytes(budget_bytes)}; use "
-            f"{option('budget', format_budget_at_least(least))} or more",
-            least,
+            f"even {vary} {least.size} is refused: {least.refusal}", least.peak_bytes
         )
     largest = fitting[-1]
     best = max(fitting, key=lambda p: (p.throughput or 0.0, p.size))

@@ -40,6 +40,26 @@ Note [pricing a compiled step]
     (``benchmarks/compiled_accuracy.py``), never under. The lines are those of the backend
     that lowers here (the CPU's), so for a GPU target they are an approximation. A compiled
     plan holds back at least 1% of its budget (a GPU's own margin is larger).
+
+Note [when offload pays]
+    A selective policy may offload a saved tensor: copy it to pinned host memory in forward and
+    back in backward, instead of keeping or recomputing it. Each direction is one copy that the
+    policy's dispatch mode starts from Python (``applying/offload.py``: a pinned buffer from
+    torch's caching host allocator, ``copy_(non_blocking=True)``; back, one ``.to(device)``),
+    so besides its bytes over the host link a copy pays a fixed cost, a launch as a kernel's
+    (4-10 µs from eager PyTorch) and the mode's Python: 10 µs (``Efficiency.copy``). A copy
+    is worth starting only where its bytes, not that fixed cost, take the time: from
+    ``host_bandwidth * copy`` bytes up (``Device.least_offload_bytes``: 500 KB on a 50 GB/s
+    PCIe 5 link, 250 KB on PCIe 4). Below that, offload is not offered at all: the memory it
+    would free is a few kilobytes, under the budget's margin and the CUDA caching allocator's
+    small-block pool (blocks up to 1 MiB share 2 MiB segments, so freeing one rarely returns
+    memory), and it would add two synchronising copies per tensor for it. That is what H100
+    plans did when a copy was priced by its bytes alone: offloaded 0.8-8.6 MiB of norm
+    statistics (16 KiB per ``mean.dim`` of a Llama layer). Above it, a tensor is offloaded
+    where the round trip, fixed cost included, is cheaper than recomputing it: in practice
+    the output of a matmul or attention, as a pointwise op or a norm recomputes from HBM 12 to
+    160 times faster than PCIe moves it on the targets here. ``--no-offload``
+    (``offload=False``) turns offload off whatever it would save.
 """
 
 from __future__ import annotations
@@ -47,7 +67,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from ckptplan.errors import CkptplanError
+from ckptplan.deprecation import deprecated
+from ckptplan.errors import CkptplanError, option
 
 OpKind = Literal["matmul", "attention", "memory", "random"]
 """Which roofline an op runs against: GEMM/convolution units, attention kernels, memory, or
@@ -84,6 +105,9 @@ class Efficiency:
     """Share of memory bandwidth a kernel drawing random numbers streams at."""
     launch: float = 4e-6
     """Seconds each op call costs beyond its roofline time (kernel launch, dispatch)."""
+    copy: float = 10e-6
+    """Seconds each copy to or from host memory costs beyond its bytes' time over the link
+    (Note [when offload pays])."""
 
 
 @dataclass(frozen=True)
@@ -102,14 +126,15 @@ class Device:
     dispatch modes. On a GPU the host runs ahead of kernels long enough to need checkpointing,
     so it hides there (0); on a CPU it is paid in line. ``--measure`` measures it."""
 
-    selective_margin: float = 0.0
+    selective_slack: float = 0.0
     """Share of the step a selective plan must be predicted to save over the segments-only
     plan for the same budget before ``auto`` takes it (see Note [why selective plans must win
-    by a margin] in ``ckptplan.api``). On a GPU the policy's host time hides behind kernels:
-    any predicted gain counts."""
+    by a slack] in ``ckptplan.planning.search``). On a GPU the policy's host time hides behind
+    kernels: any predicted gain counts. (Was ``selective_margin``: "margin" is the budget
+    held back.)"""
 
     margin_percent: float = 3.0
-    """Share of the budget a plan leaves unused by default (``--margin``). On a GPU the
+    """Percent of the budget a plan holds back by default (``--margin``). On a GPU the
     caching allocator rounds blocks and fragments, which the prediction does not model yet.
     On the CPU the fake run executes the plan's own checkpoint code and matches the
     allocator's own figure but for scalars made outside dispatch (an optimizer's wrapped
@@ -129,9 +154,15 @@ class Device:
             self,
             fused=True,
             policy_op_time=0.0,
-            selective_margin=0.0,
+            selective_slack=0.0,
             margin_percent=max(self.margin_percent, 1.0),
         )
+
+    @property
+    def selective_margin(self) -> float:
+        """The old name of ``selective_slack``."""
+        deprecated("Device.selective_margin", "Device.selective_slack")
+        return self.selective_slack
 
     def op_time(self, kind: OpKind, flops: float, bytes_moved: float, half: bool) -> float:
         """Seconds one op takes here.
@@ -149,9 +180,23 @@ class Device:
             return bytes_moved / (2 * stream)
         return share.launch + max(compute, bytes_moved / stream)
 
+    @property
+    def least_offload_bytes(self) -> float:
+        """The least tensor worth a copy to host memory (Note [when offload pays])."""
+        return self.host_bandwidth * self.efficiency.copy
+
     def offload_time(self, nbytes: int) -> float | None:
-        """Time to copy ``nbytes`` to host memory and back; None where there is no host."""
-        return 2 * nbytes / self.host_bandwidth if self.host_bandwidth else None
+        """Time to copy ``nbytes`` to host memory and back, each copy's fixed cost included;
+        None where offload is not offered: no host, or fewer bytes than a copy is worth
+        (Note [when offload pays]).
+
+        >>> h100 = get_device("h100")
+        >>> h100.offload_time(16 * 2**10), round(h100.offload_time(2**20) * 1e6, 1)
+        (None, 61.9)
+        """
+        if not self.host_bandwidth or nbytes < self.least_offload_bytes:
+            return None
+        return 2 * (self.efficiency.copy + nbytes / self.host_bandwidth)
 
 
 CPU_EFFICIENCY = Efficiency(matmul=1.0, attention=1.0, memory=1.0, random=0.146, launch=0.0)
@@ -176,7 +221,7 @@ DEVICES = {
             9.7e9,
             efficiency=CPU_EFFICIENCY,
             policy_op_time=45e-6,
-            selective_margin=0.03,
+            selective_slack=0.03,
             margin_percent=0.1,
             allocation_block=1,
         ),
@@ -197,3 +242,20 @@ def get_device(name: str, compiled: bool = False) -> Device:
             f"unknown device {name!r}; choose one of {', '.join(DEVICES)}"
         ) from None
     return device.compiled() if compiled else device
+
+
+def held_back_percent(percent: float | None, target: str, compiled: bool = False) -> float:
+    """The percent of a budget a plan holds back (``--margin``): ``percent``, or the target's
+    default when None (``Device.margin_percent``); a value outside [0, 50) is refused.
+
+    >>> held_back_percent(None, "cpu"), held_back_percent(None, "h100"), held_back_percent(2, "cpu")
+    (0.1, 3.0, 2)
+    """
+    if percent is None:
+        return get_device(target, compiled).margin_percent
+    if not 0 <= percent < 50:
+        example = option("margin", 2)
+        raise CkptplanError(
+            f"{option('margin', percent)} is not a percentage in [0, 50); e.g. {example}"
+        )
+    return percent

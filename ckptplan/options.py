@@ -1,29 +1,28 @@
 """The options of each stage as one typed object per concern, the names of the choices the
-CLI and the API offer, and their old spellings; no torch.
+CLI and the API offer; no torch.
 
 Note [one field per option]: a flag of the CLI, a keyword of the Python API and a field of
 an options object share one name. ``ProfileOptions`` says which training step is profiled
 and for which device, ``SolveOptions`` how the plan is searched (its ``solver_options`` tune
 the chain solvers), ``Parallel`` the data-parallel ranks the budget is one of. The CLI folds
-its flags into them by name and the API folds its keywords the same way
-(``fold_keywords``), so a new option is a field, the code that reads it, and a flag.
+its flags into them by name (``fold_keywords``); the API's functions take each field as an
+explicit keyword-only parameter (so ``help()`` and ``inspect.signature`` show them) and
+make the objects with ``options_from``. A new option is a field, the code that reads it, a
+flag and a parameter of each function that takes its concern: ``tests/test_options.py``
+checks that every one of them names every field.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
-import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast, get_args
 
 from ckptplan.errors import option
 from ckptplan.solvers import SolverName, SolverOptions
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 Optimizer = Literal["adamw", "adam", "sgd", "none"]
 """The optimizer shortcuts; an optimizer class's dotted path (``torch.optim.Adafactor``) too."""
@@ -68,9 +67,13 @@ class SolveOptions:
     solver: SolverName = "auto"
     scope: Scope = "step"
     margin: float | None = None
-    """Percent of the budget left unused; None: the target's (0.1 on the CPU, 3 on a GPU)."""
+    """Percent of the budget held back, left unused; None: the target's (0.1 on the CPU, 3 on
+    a GPU; ``ckptplan.devices.held_back_percent``)."""
     fake_run: bool = True
     """Run the chosen plan on fake tensors and solve again if it needs more than predicted."""
+    offload: bool = True
+    """Let selective policies move saved tensors to host memory where that is cheaper than
+    recomputing them (Note [when offload pays] in ``ckptplan.devices``); False: never."""
     solver_options: SolverOptions = field(default_factory=SolverOptions)
 
 
@@ -84,6 +87,27 @@ class Parallel:
 
 
 C = TypeVar("C")
+
+
+def options_from(values: Mapping[str, Any]) -> tuple[ProfileOptions, SolveOptions, Parallel]:
+    """The options objects a call's keyword-only parameters (``locals()``) fill: each field
+    from the value of its name, the default where the call has no parameter of that name.
+
+    >>> step, search, ranks = options_from({"target": "h100", "every": 3, "budget": "60%"})
+    >>> step.target, search.solver_options.every, ranks.world_size
+    ('h100', 3, 1)
+    """
+    return _filled(ProfileOptions, values), _filled(SolveOptions, values), _filled(Parallel, values)
+
+
+def _filled(kind: type[C], values: Mapping[str, Any]) -> C:
+    changes: dict[str, Any] = {}
+    for entry in dataclasses.fields(cast(Any, kind)):
+        if entry.name in values:
+            changes[entry.name] = values[entry.name]
+        elif entry.name == "solver_options":
+            changes[entry.name] = _filled(SolverOptions, values)
+    return kind(**changes)
 
 
 def fold_keywords(config: C, keywords: dict[str, Any]) -> C:
@@ -103,28 +127,6 @@ def fold_keywords(config: C, keywords: dict[str, Any]) -> C:
         elif dataclasses.is_dataclass(value) and not isinstance(value, type):
             changes[entry.name] = fold_keywords(value, keywords)
     return cast(C, dataclasses.replace(cast(Any, config), **changes))
-
-
-def keyword_names(config: object) -> tuple[str, ...]:
-    """The keywords ``fold_keywords`` takes for ``config``: its fields, and those of the options
-    objects inside it.
-
-    >>> keyword_names(Parallel())
-    ('world_size', 'strategy')
-    """
-    names: list[str] = []
-    for entry in dataclasses.fields(cast(Any, config)):
-        value = getattr(config, entry.name)
-        names.append(entry.name)
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            names.extend(keyword_names(value))
-    return tuple(names)
-
-
-def refuse_unknown_keywords(function: str, keywords: Mapping[str, Any]) -> None:
-    """A keyword no options object has, refused as Python refuses one a signature lacks."""
-    if keywords:
-        raise TypeError(f"{function}() got an unexpected keyword argument {next(iter(keywords))!r}")
 
 
 HUB_PREFIX = "hf:"
@@ -160,30 +162,3 @@ def precision(dtype: str, autocast: str | None) -> tuple[str, str | None]:
             f"give {option('dtype', 'fp32')} {option('autocast', autocast)} for that"
         )
     return "fp32", half
-
-
-def renamed_keywords(**renames: str) -> Callable[[F], F]:
-    """Old keyword spellings a function still takes, with a DeprecationWarning: ``device=``
-    was both the target of ``solve`` and the run device of ``verify``."""
-
-    def decorate(function: F) -> F:
-        @functools.wraps(function)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            for old, new in renames.items():
-                if old not in kwargs:
-                    continue
-                if new in kwargs:
-                    raise TypeError(
-                        f"{function.__name__}() takes {new}= alone ({old}= is its old name)"
-                    )
-                warnings.warn(
-                    f"{function.__name__}({old}=...) is now {new}=...",
-                    DeprecationWarning,
-                    stacklevel=2,
-                )
-                kwargs[new] = kwargs.pop(old)
-            return function(*args, **kwargs)
-
-        return cast(F, wrapper)
-
-    return decorate

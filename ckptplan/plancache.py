@@ -1,4 +1,4 @@
-"""The plan ``ckptplan.apply(model, budget="20GB", example_inputs=batch)`` solves, kept on disk.
+"""The plan ``ckptplan.autoplan(model, batch, budget="20GB")`` solves, kept on disk.
 
 Solving takes seconds to minutes and a training job restarts often, so the plan is kept on disk
 under a name made of everything that decides it: the model's fingerprint and which of its
@@ -10,8 +10,8 @@ another name. The cached file is an ordinary plan (``ckptplan show`` reads it).
 Solving runs on copies of the model (fake tensors), seeds torch's generators for its own steps
 and restores them after, so the caller's random stream, modes and weights are as they were.
 
-Only ``apply`` with a budget imports this module (and through it the planner); applying a
-solved plan does not.
+Only ``autoplan`` imports this module (and through it the planner); applying a solved plan
+does not.
 """
 
 from __future__ import annotations
@@ -30,47 +30,40 @@ import torch
 
 from ckptplan import __version__, api
 from ckptplan.applying.install import refuse_unapplicable
-from ckptplan.budget import parse_budget
+from ckptplan.budget import Budget, parse_budget
 from ckptplan.errors import CkptplanError
 from ckptplan.fingerprint import inputs_signature, model_fingerprint
 from ckptplan.loading import Inputs, as_inputs
-from ckptplan.options import Parallel, ProfileOptions, SolveOptions, fold_keywords, keyword_names
+from ckptplan.options import Parallel, ProfileOptions, SolveOptions
 from ckptplan.plan import Plan
 from ckptplan.profiling.training import dtype_name
+from ckptplan.progress import Progress
 
 log = logging.getLogger("ckptplan")
 
 CACHE_ENV = "CKPTPLAN_CACHE"
 """The environment variable naming the plan cache folder (default ``~/.cache/ckptplan``)."""
 
-_SOLVE_OPTIONS = (
-    "solve_options",
-    "profile_options",
-    "parallel",
-    "progress",
-    *keyword_names(SolveOptions()),
-    *keyword_names(ProfileOptions()),
-    *keyword_names(Parallel()),
-)
-"""The settings of ``ckptplan.solve`` that ``apply`` passes on."""
-
 
 def cached_plan(
     model: torch.nn.Module,
     budget: str | int | float,
     example_inputs: Inputs | torch.Tensor | None,
-    *,
-    loss_fn: Callable[[Any], torch.Tensor] | None = None,
-    cache_dir: str | Path | None = None,
-    **options: Any,
+    step: ProfileOptions,
+    search: SolveOptions,
+    ranks: Parallel,
+    loss_fn: Callable[[Any], torch.Tensor] | None,
+    cache_dir: str | Path | None,
+    progress: Progress,
 ) -> Plan:
     """The plan ``ckptplan.solve`` finds for ``model`` under these settings: read from the
     cache when it holds one, else solved (leaving the caller's state alone) and written there.
     """
     inputs = _inputs(example_inputs)
-    _check(budget, options)
+    parsed = _parsed(budget)
     refuse_unapplicable(model)
-    name = f"{type(model).__name__}-{_key(model, inputs, loss_fn, budget, options)}.json"
+    settings = {"solve": search, "profile": step, "parallel": ranks}
+    name = f"{type(model).__name__}-{_key(model, inputs, loss_fn, parsed, settings)}.json"
     path = _cache_folder(cache_dir) / name
     if path.is_file():
         try:
@@ -81,7 +74,8 @@ def cached_plan(
             log.info("ckptplan: plan read from the cache, %s", path)
             return plan
     with _caller_state_kept():
-        plan = api.solve(model, inputs, budget=str(budget), loss_fn=loss_fn, **options)
+        workload = api.workload_of(model, inputs, loss_fn)
+        plan = api.solve_with(workload, parsed, step, search, ranks, progress)
     _write(plan, path)
     return plan
 
@@ -96,26 +90,20 @@ def default_cache_dir() -> Path:
 def _inputs(example_inputs: Inputs | torch.Tensor | None) -> Inputs:
     if example_inputs is None:
         raise CkptplanError(
-            "ckptplan.apply(budget=...) needs example_inputs=, the args (a tuple) or kwargs "
+            "ckptplan.autoplan needs example_inputs, the args (a tuple) or kwargs "
             "(a dict) of forward for one training batch, to profile the step it solves for"
         )
     return as_inputs(example_inputs, "example_inputs= is of type")
 
 
-def _check(budget: str | int | float, options: dict[str, Any]) -> None:
-    """Refuse a budget or a solve setting that ``ckptplan.solve`` would not take."""
-    unknown = sorted(set(options) - set(_SOLVE_OPTIONS))
-    if unknown:
-        raise CkptplanError(
-            f"ckptplan.apply got an unknown argument {unknown[0]}=; with budget= it takes "
-            f"cache_dir= and ckptplan.solve's: {', '.join(_SOLVE_OPTIONS)}"
-        )
+def _parsed(budget: str | int | float) -> Budget:
+    """The budget, refused before solving where ``ckptplan.solve`` would not take it."""
     if isinstance(budget, bool) or not isinstance(budget, str | int | float):
         raise CkptplanError(
             f"budget={budget!r}: pass a string such as '12GB', '800MiB' or '60%', or bytes"
         )
     try:
-        parse_budget(str(budget))
+        return parse_budget(str(budget))
     except CkptplanError as exc:
         raise CkptplanError(f"budget={budget!r}: {exc}") from None
 
@@ -124,35 +112,18 @@ def _key(
     model: torch.nn.Module,
     inputs: Inputs,
     loss_fn: Callable[[Any], torch.Tensor] | None,
-    budget: str | int | float,
-    options: dict[str, Any],
+    parsed: Budget,
+    settings: dict[str, Any],
 ) -> str:
-    """The cache name of a plan: a digest of everything that decides it, each solve setting
-    with its default filled in (so that naming a default is the same plan)."""
-    parsed = parse_budget(str(budget))
-    keywords = {name: value for name, value in options.items() if name != "progress"}
-    search = keywords.pop("solve_options", None) or SolveOptions()
-    step, ranks = api.options_of(
-        "ckptplan.apply",
-        keywords,
-        keywords.pop("profile_options", None),
-        keywords.pop("parallel", None),
-    )
-    settings = {
-        name: _settled(dataclasses.asdict(config))
-        for name, config in (
-            ("solve", fold_keywords(search, keywords)),
-            ("profile", step),
-            ("parallel", ranks),
-        )
-    }
+    """The cache name of a plan: a digest of everything that decides it, every solve setting
+    (each options object whole, so that naming a default is the same plan)."""
     described = {
         "model": model_fingerprint(model)["hash"],
         "frozen": [name for name, p in model.named_parameters() if not p.requires_grad],
         "inputs": inputs_signature(inputs),
         "loss_fn": None if loss_fn is None else _name_of(loss_fn),
         "budget": [parsed.bytes, parsed.fraction],
-        "settings": settings,
+        "settings": {name: _settled(dataclasses.asdict(o)) for name, o in settings.items()},
         "versions": [__version__, torch.__version__],
     }
     text = json.dumps(described, sort_keys=True, default=str)

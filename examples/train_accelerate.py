@@ -2,7 +2,7 @@
 examples/train_accelerate.py``, or ``torchrun --nproc_per_node 2 examples/train_accelerate.py``
 (or ``accelerate launch``) for DDP, over gloo on the CPU.
 
-Order of wrapping: ``ckptplan.apply(model, budget=..., example_inputs=batch)`` on the bare model
+Order of wrapping: ``ckptplan.autoplan(model, batch, budget=...)`` on the bare model
 (one call: solved on fake tensors, or read from the plan cache; across processes the plan is
 one rank's, ``world_size``/``parallel``), then ``accelerator.prepare(model, optimizer,
 loader)``, which wraps the model in DDP when there is more than one process (and would come
@@ -55,10 +55,10 @@ def train(budget: str | None, steps: int, cache_dir: str | Path | None = None) -
     if budget is not None:
         batch = {"input_ids": ids[:BATCH_SIZE], "labels": ids[:BATCH_SIZE]}
         strategy = None if accelerator.distributed_type == DistributedType.NO else "ddp"
-        model = ckptplan.apply(
+        model = ckptplan.autoplan(
             model,
+            batch,
             budget=budget,
-            example_inputs=batch,
             cache_dir=cache_dir,
             world_size=ranks,
             strategy=strategy,

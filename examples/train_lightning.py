@@ -1,7 +1,7 @@
 """Train with PyTorch Lightning and a ckptplan plan: ``python examples/train_lightning.py``.
 
 Order of wrapping: the ``LightningModule``'s ``configure_model`` hook calls
-``ckptplan.apply(self.model, budget=..., example_inputs=batch)`` (one call: solved on fake
+``ckptplan.autoplan(self.model, batch, budget=...)`` (one call: solved on fake
 tensors, or read from the plan cache), since Lightning runs that hook before its strategy wraps
 the model (DDP, FSDP, ``torch.compile`` of the module afterwards). Lightning calls the hook
 again for each later ``validate``/``test``/``predict``, so it applies the plan once.
@@ -45,10 +45,10 @@ class LanguageModel(lightning.LightningModule):
     def configure_model(self) -> None:
         if self.budget is None or getattr(self.model, "ckptplan_applied", None) is not None:
             return
-        ckptplan.apply(
+        ckptplan.autoplan(
             self.model,
+            self.example_inputs,
             budget=self.budget,
-            example_inputs=self.example_inputs,
             cache_dir=self.cache_dir,
         )
 

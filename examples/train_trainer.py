@@ -1,7 +1,7 @@
 """Fine-tune with Hugging Face's ``Trainer`` and a ckptplan plan: ``python
 examples/train_trainer.py --budget 70%``.
 
-Order of wrapping: ``ckptplan.apply(model, budget=..., example_inputs=batch)`` first (one call:
+Order of wrapping: ``ckptplan.autoplan(model, batch, budget=...)`` first (one call:
 it solves on fake tensors, or reads the plan cached for these settings, and checkpoints the
 planned layers in place), then ``Trainer(model=model, ...)``, whose own wrapping (DDP under
 torchrun, FSDP through accelerate, ``torch.compile`` with ``torch_compile=True``) comes after,
@@ -73,7 +73,7 @@ def train(
     if budget is not None:
         # The batch the Trainer's collator stacks, which the plan is solved for.
         batch = {"input_ids": ids[:BATCH_SIZE], "labels": ids[:BATCH_SIZE]}
-        model = ckptplan.apply(model, budget=budget, example_inputs=batch, cache_dir=cache_dir)
+        model = ckptplan.autoplan(model, batch, budget=budget, cache_dir=cache_dir)
     first = FirstGradients()
     trainer = Trainer(
         model=model,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 import ckptplan
+from ckptplan.budget import ResolvedBudget
 from ckptplan.loading import load_model_file
 from ckptplan.planning.problem import to_chain
 from ckptplan.planning.schedule_plan import plan_from_schedule
@@ -26,7 +27,7 @@ def _predicted_and_fake(model: str, segments: list[tuple[int, int]]) -> tuple[in
     profile = ckptplan.profile(path, batch_size=2)
     chain = to_chain(profile)
     schedule = simulate(chain, segments)
-    plan = plan_from_schedule(profile, chain, schedule, "test", schedule.peak)
+    plan = plan_from_schedule(profile, chain, schedule, ResolvedBudget("test", schedule.peak))
     return schedule.peak, fake_run_peak(load_model_file(path), plan)
 
 

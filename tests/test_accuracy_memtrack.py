@@ -14,6 +14,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import ckptplan
+from ckptplan.budget import ResolvedBudget
 from ckptplan.loading import load_model_file
 from ckptplan.planning.problem import to_chain
 from ckptplan.planning.schedule_plan import plan_from_schedule
@@ -130,7 +131,7 @@ def test_fake_run_of_an_mse_step_matches_the_measured_peak(write_model) -> None:
     profile = ckptplan.profile(path)
     chain = to_chain(profile)
     schedule = run_solver("none", chain, None)
-    plan = plan_from_schedule(profile, chain, schedule, "none", schedule.peak)
+    plan = plan_from_schedule(profile, chain, schedule, ResolvedBudget("none", schedule.peak))
     workload = load_model_file(path)
     measured = verify_plan(workload, plan, repeats=1).measured_peak_bytes
     # The allocator also sees AdamW's wrapped-number scalars (8 B each), made outside dispatch.

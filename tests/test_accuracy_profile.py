@@ -9,6 +9,7 @@ import pytest
 from torch.utils.module_tracker import ModuleTracker
 
 import ckptplan
+from ckptplan.budget import ResolvedBudget
 from ckptplan.devices import get_device, op_kind
 from ckptplan.loading import load_model_file
 from ckptplan.planning.problem import to_chain
@@ -35,7 +36,7 @@ def _unet_encoder_plan_error() -> tuple[int, int, str]:
     profile = ckptplan.profile(UNET, batch_size=1)
     chain = to_chain(profile)
     schedule = simulate(chain, [(k, k + 1) for k in range(len(profile.blocks))])
-    plan = plan_from_schedule(profile, chain, schedule, "encoder", schedule.peak)
+    plan = plan_from_schedule(profile, chain, schedule, ResolvedBudget("encoder", schedule.peak))
     return schedule.peak, fake_run_peak(load_model_file(UNET), plan), schedule.peak_event
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import inspect
 import os
 import subprocess
 import sys
@@ -22,8 +21,7 @@ import pytest
 import torch
 
 import ckptplan
-import ckptplan.api
-from ckptplan.budget import parse_budget
+from ckptplan.budget import ResolvedBudget, parse_budget
 from ckptplan.errors import CkptplanError
 from ckptplan.plan import Plan
 from ckptplan.planning.distributed import per_rank
@@ -68,7 +66,7 @@ def per_rank_plan(mode: str, budget: str, solver: str) -> Plan:
     chain = to_chain(profile, menus=menus)
     budget_bytes = parse_budget(budget).resolve(run_solver("none", chain, None).peak)
     schedule = run_solver(solver, chain, budget_bytes)
-    plan = plan_from_schedule(profile, chain, schedule, budget, budget_bytes, menus=menus)
+    plan = plan_from_schedule(profile, chain, schedule, ResolvedBudget(budget, budget_bytes), menus)
     return dataclasses.replace(
         plan, settings=dataclasses.replace(plan.settings, world_size=WORLD, parallel=mode)
     )
@@ -186,10 +184,6 @@ def test_an_example_refuses_a_plan_for_another_layout(tmp_path) -> None:
         examples.check_layout(plan, WORLD, "fsdp")
 
 
-@pytest.mark.skipif(
-    "parallel" not in inspect.signature(ckptplan.api.solve).parameters,
-    reason="solve takes no world size yet",
-)
 def test_solve_makes_a_per_rank_plan(profile) -> None:
     plan = ckptplan.solve(
         MODELS / "tiny_gpt.py", budget="1.0", batch_size=BATCH, world_size=WORLD, strategy="fsdp"

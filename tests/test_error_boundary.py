@@ -45,10 +45,10 @@ def _no_debug_env(monkeypatch):
 
 @pytest.fixture
 def solve_with(monkeypatch, tiny_gpt):
-    """Run ``ckptplan [pre...] solve`` with api.solve (what the command calls) replaced."""
+    """Run ``ckptplan [pre...] solve`` with api.solve_with (what the command calls) replaced."""
 
     def run(fake, *pre: str, env=None):
-        monkeypatch.setattr(ckptplan.api, "solve", fake)
+        monkeypatch.setattr(ckptplan.api, "solve_with", fake)
         args = [*pre, "solve", str(tiny_gpt), "--budget", "60%"]
         return CliRunner().invoke(cli, args, env=env)
 

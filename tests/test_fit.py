@@ -66,7 +66,9 @@ def test_fit_refuses_what_it_cannot_answer_in_one_line(keywords, fragment: str) 
 
 def test_a_budget_not_even_one_sample_fits_is_refused_with_the_least() -> None:
     result = CliRunner().invoke(cli, ["fit", str(TINY), "--budget", "1MB"])
-    assert_one_line_error(result, "even batch 1 needs", "--budget")
+    assert_one_line_error(
+        result, "even batch 1 is refused: budget", "below the least feasible peak", "--budget"
+    )
 
 
 def test_fit_json_gives_the_largest_size_and_the_points() -> None:

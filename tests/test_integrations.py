@@ -90,9 +90,7 @@ def test_trainer_checkpointing_switched_on_after_apply_is_refused(
     trainer = example("train_trainer")
     workload = load_model_file(trainer.MODEL_FILE)
     batch = workload.inputs(trainer.BATCH_SIZE)
-    model = ckptplan.apply(
-        workload.build(), budget=BUDGET, example_inputs=batch, cache_dir=cache_dir
-    )
+    model = ckptplan.autoplan(workload.build(), batch, budget=BUDGET, cache_dir=cache_dir)
     samples = [{"input_ids": row, "labels": row} for row in batch["input_ids"]]
     arguments = trainer.training_arguments(str(tmp_path), 1, **{flag: True})
     hf_trainer = transformers.Trainer(model=model, args=arguments, train_dataset=samples)

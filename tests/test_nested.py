@@ -14,6 +14,7 @@ import torch
 
 import ckptplan
 from ckptplan.applying.tensors import training_conventions
+from ckptplan.budget import ResolvedBudget
 from ckptplan.loading import call_model, load_model_file
 from ckptplan.planning.problem import to_chain
 from ckptplan.planning.schedule_plan import plan_from_schedule
@@ -114,7 +115,9 @@ def test_a_nested_plan_predicts_what_the_real_step_measures(swin, segments, nest
     through forward; the second peaks in the first stage's backward."""
     profile, chain = swin
     schedule = simulate(chain, segments, nested=nested)
-    plan = plan_from_schedule(profile, chain, schedule, "", schedule.peak, "activations")
+    plan = plan_from_schedule(
+        profile, chain, schedule, ResolvedBudget("", schedule.peak, "activations")
+    )
     check = ckptplan.verify(SWIN, plan, repeats=1)
     # The model may keep a saved tensor a little longer than the step does (to its node's
     # end); the allocator also sees a few scalars made outside dispatch (the CPU's margin).
@@ -129,7 +132,9 @@ def test_a_nested_plan_predicts_what_the_real_step_measures(swin, segments, nest
 def test_a_nested_stage_recomputes_once_and_its_blocks_twice(swin) -> None:
     profile, chain = swin
     schedule = simulate(chain, [], nested=(0,))
-    plan = plan_from_schedule(profile, chain, schedule, "", schedule.peak, "activations")
+    plan = plan_from_schedule(
+        profile, chain, schedule, ResolvedBudget("", schedule.peak, "activations")
+    )
     workload = load_model_file(SWIN)
     torch.manual_seed(0)
     model = workload.build()

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch.utils.module_tracker import ModuleTracker
 
+from ckptplan.budget import ResolvedBudget
 from ckptplan.devices import get_device
 from ckptplan.loading import LiveModel, load_model_file
 from ckptplan.planning.opgraph import optimality_gap, schedule_of_plan, to_remat_problem
@@ -156,7 +157,9 @@ def test_translated_plans_are_valid_schedules(gpt, name) -> None:
     order = schedule_of_plan(graph, profile, schedule, menus=menus)
     cost, peak = check_schedule(graph.problem, order, HUGE)
     assert cost >= graph.total_cost and peak > 0
-    plan = plan_from_schedule(profile, chain, schedule, "1GB", 10**9, "activations", menus)
+    plan = plan_from_schedule(
+        profile, chain, schedule, ResolvedBudget("1GB", 10**9, "activations"), menus
+    )
     assert schedule_of_plan(graph, profile, plan) == order
 
 

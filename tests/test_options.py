@@ -1,6 +1,7 @@
 """One object per concern (Note [one field per option] in ``ckptplan.options``): the API's
-keywords and the CLI's flags land in the fields of the same name, so the two spellings of a
-call make the same plan, and a flag or keyword no options object has is refused."""
+keywords and the CLI's flags land in the fields of the same name, so the old spelling of a call
+(an options object) makes the same plan as the keywords, and a flag or keyword no options
+object has is refused."""
 
 from __future__ import annotations
 
@@ -25,13 +26,18 @@ def test_the_target_names_are_the_devices() -> None:
     assert sorted(get_args(Target)) == sorted(DEVICES)
 
 
-def test_options_objects_and_keywords_make_the_same_plan() -> None:
-    by_object = ckptplan.solve(
-        TINY,
-        budget="1.0",
-        solve_options=SolveOptions(solver="every-k", solver_options=SolverOptions(every=3)),
-        profile_options=ProfileOptions(batch_size=2, optimizer="sgd"),
-    )
+def test_the_old_options_objects_still_make_the_same_plan_and_say_so() -> None:
+    with pytest.warns(DeprecationWarning) as caught:
+        by_object = ckptplan.solve(
+            TINY,
+            budget="1.0",
+            solve_options=SolveOptions(solver="every-k", solver_options=SolverOptions(every=3)),
+            profile_options=ProfileOptions(batch_size=2, optimizer="sgd"),
+        )
+    assert [str(w.message).partition(" is ")[0] for w in caught] == [
+        "solve(profile_options=ProfileOptions(...))",
+        "solve(solve_options=SolveOptions(...))",
+    ]
     by_keyword = ckptplan.solve(
         TINY, budget="1.0", solver="every-k", every=3, batch_size=2, optimizer="sgd"
     )
@@ -50,8 +56,13 @@ def test_a_keyword_no_options_object_has_is_refused() -> None:
 def test_the_old_parallel_keyword_still_works_and_says_so() -> None:
     with pytest.warns(DeprecationWarning, match="strategy='fsdp'"):
         old = ckptplan.profile(TINY, batch_size=2, world_size=2, parallel="fsdp")
-    new = ckptplan.profile(TINY, parallel=Parallel(world_size=2, strategy="fsdp"), batch_size=2)
-    assert old.parameter_bytes == new.parameter_bytes < ckptplan.profile(TINY).parameter_bytes
+    with pytest.warns(DeprecationWarning, match=r"parallel=Parallel\(...\)"):
+        by_object = ckptplan.profile(
+            TINY, parallel=Parallel(world_size=2, strategy="fsdp"), batch_size=2
+        )
+    new = ckptplan.profile(TINY, world_size=2, strategy="fsdp", batch_size=2)
+    assert old.parameter_bytes == by_object.parameter_bytes == new.parameter_bytes
+    assert new.parameter_bytes < ckptplan.profile(TINY).parameter_bytes
 
 
 def _fields(config: Any) -> set[str]:

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import pytest
 
+from ckptplan.budget import ResolvedBudget
 from ckptplan.loading import load_model_file
 from ckptplan.planning.problem import selective_menus, to_chain
 from ckptplan.planning.schedule_plan import plan_from_schedule
@@ -54,7 +55,9 @@ def test_plans_from_the_replicated_profile_equal_the_traced_ones() -> None:
     for fraction in (0.2, 0.5, 0.8):
         budget = int(full.peak + fraction * (none.peak - full.peak))
         plans = [
-            plan_from_schedule(p, to_chain(p), run_solver("dp", to_chain(p), budget), "b", budget)
+            plan_from_schedule(
+                p, to_chain(p), run_solver("dp", to_chain(p), budget), ResolvedBudget("b", budget)
+            )
             for p in (traced, replace(replicated, notes=traced.notes))  # plans record notes
         ]
         assert plans[0] == plans[1]

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import ckptplan
+from ckptplan.budget import ResolvedBudget
 from ckptplan.loading import load_model_file
 from ckptplan.plan import Plan
 from ckptplan.planning.problem import (
@@ -149,7 +150,7 @@ def test_selective_plans_keep_gradients_and_fit(tmp_path) -> None:
     chain = to_chain(profile, menus=menus)
     budget = int(0.6 * run_solver("none", chain, None).peak)
     schedule = run_solver("auto", chain, budget)
-    plan = plan_from_schedule(profile, chain, schedule, "0.6", budget, menus=menus)
+    plan = plan_from_schedule(profile, chain, schedule, ResolvedBudget("0.6", budget), menus)
     peak = fake_run_peak(load_model_file(model), plan)
     plan = replace(plan, predicted=replace(plan.predicted, fake_run_peak_bytes=peak))
     assert any(r.policy for r in plan.regions)
@@ -305,7 +306,9 @@ def test_a_segment_of_blocks_under_one_policy_is_predicted_and_exact() -> None:
     chain = to_chain(profile, menus=menus)
     option = next(i for i, s in enumerate(menus[1]) if "aten.addmm.default#0" in s.saved)
     schedule = simulate(chain, [(1, 3)], options=[(1, option), (2, option)])
-    plan = plan_from_schedule(profile, chain, schedule, "test", schedule.peak, menus=menus)
+    plan = plan_from_schedule(
+        profile, chain, schedule, ResolvedBudget("test", schedule.peak), menus
+    )
     (region,) = plan.regions
     assert region.modules == (profile.blocks[1].path, profile.blocks[2].path)
     assert {"aten.addmm.default#0", "aten.addmm.default#1"} <= set(map(str, region.policy.saves))
@@ -331,7 +334,9 @@ def test_kept_outputs_past_the_last_save_stay_through_backward(gpt_profile) -> N
     backward_peaks = 0
     for index in held:
         schedule = simulate(chain, segments, options=[(k, index) for k in range(len(segments))])
-        plan = plan_from_schedule(gpt_profile, chain, schedule, "t", schedule.peak, menus=menus)
+        plan = plan_from_schedule(
+            gpt_profile, chain, schedule, ResolvedBudget("t", schedule.peak), menus
+        )
         fake = fake_run_peak(workload, plan)
         assert fake <= schedule.peak * 1.001
         if not schedule.peak_event.startswith("forward"):

@@ -54,21 +54,14 @@ def fit_command(
     as_json: bool,
 ) -> None:
     """The largest batch (or sequence length) of MODEL whose best plan fits BUDGET."""
-    from ckptplan.capacity import fit
+    from ckptplan.budget import parse_budget
+    from ckptplan.capacity import fit_with
 
     if vary == "batch" and step.batch_size is not None:
         raise UserError("--batch-size is what fit finds; leave it out, or use --vary seq-len")
     with progress_display(as_json) as progress:
-        result = fit(
-            model,
-            budget=budget,
-            vary=vary,
-            max_size=max_size,
-            profile_options=step,
-            solve_options=search,
-            parallel=ranks,
-            progress=progress,
-        )
+        parsed = parse_budget(budget)
+        result = fit_with(model, parsed, vary, max_size, step, search, ranks, progress)
     if as_json:
         print_json("fit", result.to_json())
         return

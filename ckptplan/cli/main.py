@@ -110,7 +110,8 @@ def solve(
     as_json: bool,
 ) -> None:
     """Profile MODEL on fake tensors and find the plan that fits BUDGET."""
-    from ckptplan.api import solve as solve_plan
+    from ckptplan.api import load_workload, solve_with
+    from ckptplan.budget import parse_budget
 
     if step.measure:
         tune_for_timing()
@@ -120,14 +121,8 @@ def solve(
         _solve_pipeline(model, budget, output, search, step, ranks, pipeline, as_json)
         return
     with progress_display(as_json) as progress:
-        plan = solve_plan(
-            model,
-            budget=budget,
-            solve_options=search,
-            profile_options=step,
-            parallel=ranks,
-            progress=progress,
-        )
+        parsed = parse_budget(budget)
+        plan = solve_with(load_workload(model), parsed, step, search, ranks, progress)
     summary = {
         "predicted_peak_bytes": plan.predicted.peak_bytes,
         "predicted_overhead": plan.predicted.overhead,
@@ -175,7 +170,9 @@ def _solve_pipeline(
 ) -> None:
     """``solve --pipeline-stages``: one plan with a section per stage
     (``ckptplan.planning.pipeline``)."""
-    from ckptplan.planning.pipeline import solve_pipeline
+    from ckptplan.api import load_workload
+    from ckptplan.budget import parse_budget
+    from ckptplan.planning.pipeline import solve_pipeline_with
 
     if search.scope != "step" or step.compiled:
         raise UserError(
@@ -188,14 +185,9 @@ def _solve_pipeline(
             "data-parallel rank (a multiple of --microbatches)"
         )
     with progress_display(as_json) as progress:
-        plan = solve_pipeline(
-            model,
-            budget=budget,
-            pipeline=pipeline,
-            solve_options=search,
-            profile_options=step,
-            parallel=ranks,
-            progress=progress,
+        parsed = parse_budget(budget)
+        plan = solve_pipeline_with(
+            load_workload(model), parsed, pipeline, step, search, ranks, progress
         )
     use = (
         "in stage i's training script: "
@@ -226,14 +218,14 @@ def _solve_pipeline(
 @user_errors
 def profile_command(model: str, depth: int, top: int, step: ProfileOptions, as_json: bool) -> None:
     """Profile MODEL on fake tensors: memory, FLOPs and time by module."""
-    from ckptplan.api import profile
+    from ckptplan.api import load_workload, profile_with
     from ckptplan.cli.profile_report import profile_json, show_profile
 
     if step.measure:
         tune_for_timing()
 
     with progress_display(as_json) as progress:
-        result = profile(model, profile_options=step, progress=progress)
+        result = profile_with(load_workload(model), step, Parallel(), progress)
     if as_json:
         print_json("profile", profile_json(result, depth))
     else:
@@ -366,14 +358,14 @@ def gap(model: str, budget: str, time_limit: float, step: ProfileOptions, as_jso
     recomputed, any number of times); CP-SAT solves it at the peak of auto's plan written as
     such a schedule. For small models: a few hundred ops prove optimal in a minute.
     """
-    from ckptplan.api import optimality_gap_of_auto
+    from ckptplan.api import load_workload, optimality_gap_with
+    from ckptplan.budget import parse_budget
     from ckptplan.cli.report import show_gap
 
     with progress_display(as_json) as progress:
         progress.phase("solving with auto and with the exact ILP")
-        report = optimality_gap_of_auto(
-            model, budget=budget, time_limit_s=time_limit, profile_options=step
-        )
+        parsed = parse_budget(budget)
+        report = optimality_gap_with(load_workload(model), parsed, step, time_limit)
     if as_json:
         print_json("gap", report.to_json())
     else:

@@ -229,8 +229,16 @@ _SOLVE_OPTIONS = [
         "--margin",
         type=float,
         default=None,
-        help="Percent of the budget the plan leaves unused [default: the target's: 0.1 on the "
-        "cpu, 3 on a GPU, whose allocator rounds and fragments].",
+        help="Percent of the budget the plan holds back, unused [default: the target's: 0.1 "
+        "on the cpu, 3 on a GPU, whose allocator rounds and fragments].",
+    ),
+    click.option(
+        "--offload/--no-offload",
+        default=True,
+        show_default=True,
+        help="Let selective policies move saved tensors to pinned host memory where the copy "
+        "costs less than recomputing them (never for small tensors, whose copy's fixed cost "
+        "outweighs it); --no-offload: never.",
     ),
 ]
 """The search's flags, each named as its field of ``SolveOptions`` or of the solvers'

@@ -25,26 +25,31 @@ from typing import Any
 import torch
 
 from ckptplan import api
-from ckptplan.budget import admitting_budget, format_budget_at_least, format_bytes, parse_budget
+from ckptplan.budget import Budget, ResolvedBudget, parse_budget
 from ckptplan.callerstate import keeps_random_state
-from ckptplan.errors import BelowLeastPeak, CkptplanError, option
-from ckptplan.loading import Inputs
+from ckptplan.deprecation import old_spellings
+from ckptplan.devices import held_back_percent
+from ckptplan.errors import CkptplanError, option
+from ckptplan.loading import Inputs, Workload
 from ckptplan.options import (
+    Autocast,
+    DType,
+    Optimizer,
     Parallel,
     ProfileOptions,
     SolveOptions,
-    fold_keywords,
-    refuse_unknown_keywords,
+    Strategy,
+    Target,
+    options_from,
 )
 from ckptplan.pipeline_types import Pipeline, balanced_split, in_flight, parameters_digest
 from ckptplan.plan import Plan, Region, StagePlan
 from ckptplan.planning.problem import selective_menus, to_chain
 from ckptplan.planning.schedule_plan import plan_from_schedule
-from ckptplan.planning.search import held_back_percent
 from ckptplan.prediction import StagePrediction
 from ckptplan.profile_types import Profile
 from ckptplan.progress import QUIET, Progress
-from ckptplan.solvers import SolverOptions, run_solver
+from ckptplan.solvers import SolverName, SolverOptions, run_solver
 from ckptplan.solvers.chain import (
     Chain,
     InfeasibleBudget,
@@ -191,32 +196,56 @@ def _parameter_share(prof: Profile, start: int, end: int, first: bool, last: boo
     return own / total
 
 
-@keeps_random_state
+@old_spellings(device="target")
 def solve_pipeline(
     model: api.ModelArg,
     example_inputs: Inputs | None = None,
     *,
     budget: str | int,
     pipeline: Pipeline,
-    solve_options: SolveOptions | None = None,
-    profile_options: ProfileOptions | None = None,
-    parallel: Parallel | str | None = None,
+    solver: SolverName = "auto",
+    margin: float | None = None,
+    offload: bool = True,
+    max_segment: int | None = None,
+    batch_size: int | None = None,
+    optimizer: Optimizer | str | type[torch.optim.Optimizer] = "adamw",
+    dtype: DType | torch.dtype = "fp32",
+    autocast: Autocast | torch.dtype | None = None,
+    target: Target = "cpu",
+    blocks: str | None = None,
+    measure: bool = False,
+    world_size: int = 1,
+    strategy: Strategy | None = None,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     progress: Progress = QUIET,
-    **keywords: Any,
 ) -> Plan:
     """One plan with a section per pipeline stage, each the plan of least recompute whose
     peak, with its schedule's microbatches in flight, fits ``budget`` on its rank; the options
-    are ``ckptplan.solve``'s.
+    are ``ckptplan.solve``'s (the whole step, in eager mode).
 
     ``batch_size`` is the batch per data-parallel rank of a step; a microbatch is
     ``batch_size / pipeline.microbatches``. A fraction budget is of the unchecked peak of the
-    rank that needs most. With a ``Parallel`` strategy, each stage is data parallel.
+    rank that needs most. With a ``strategy``, each stage is data parallel.
     """
-    step, data_parallel = api.options_of("solve_pipeline", keywords, profile_options, parallel)
-    search_options = fold_keywords(solve_options or SolveOptions(), keywords)
-    refuse_unknown_keywords("solve_pipeline", keywords)
-    solver, batch_size = search_options.solver, step.batch_size
+    step, search, ranks = options_from(locals())
+    workload = api.workload_of(model, example_inputs, loss_fn)
+    return solve_pipeline_with(
+        workload, parse_budget(str(budget)), pipeline, step, search, ranks, progress
+    )
+
+
+@keeps_random_state
+def solve_pipeline_with(
+    workload: Workload,
+    budget: Budget,
+    pipeline: Pipeline,
+    step: ProfileOptions,
+    search: SolveOptions,
+    data_parallel: Parallel,
+    progress: Progress = QUIET,
+) -> Plan:
+    """``solve_pipeline`` with its options as objects (the CLI's)."""
+    solver, batch_size = search.solver, step.batch_size
     if solver not in ("auto", "dp"):
         raise CkptplanError(
             f"{option('solver', solver)} with a pipeline: stages are planned by bisecting "
@@ -231,61 +260,38 @@ def solve_pipeline(
             f"{option('batch_size', max(m, (batch_size or m) // m * m))} or another multiple "
             f"of {m}"
         )
-    parsed = parse_budget(str(budget))
+    held = held_back_percent(search.margin, step.target)
     microbatch = replace(step, batch_size=batch_size // m)
-    prof = api.profile(
-        model,
-        example_inputs,
-        profile_options=microbatch,
-        parallel=data_parallel,
-        loss_fn=loss_fn,
-        progress=progress,
-    )
+    prof = api.profile_with(workload, microbatch, data_parallel, progress)
     pipeline.check(len(prof.blocks))
     progress.phase(f"solving {pipeline.chunks} pipeline stages ({solver})")
-    menus = selective_menus(prof) if solver == "auto" else None
+    menus = selective_menus(prof, offload=search.offload) if solver == "auto" else None
     chain = to_chain(prof, "activations", menus)
     counts = pipeline.split or balanced_split([b.time_fwd for b in prof.blocks], pipeline.chunks)
     ends = [sum(counts[: i + 1]) for i in range(len(counts))]
     bounds = list(zip([0, *ends[:-1]], ends, strict=True))
     stages = [_stage(prof, chain, pipeline, i, b) for i, b in enumerate(bounds)]
     ranks = [stages[r :: pipeline.stages] for r in range(pipeline.stages)]
-    options = search_options.solver_options
+    options = search.solver_options
     unchecked = [
         _pipeline_peak(rs, [run_solver("none", s.chain, None) for s in rs]) for rs in ranks
     ]
-    budget_bytes = parsed.resolve(max(unchecked))
-    held = held_back_percent(search_options.margin, step.target)
-    aim = budget_bytes - round(budget_bytes * held / 100)
+    resolved = budget.resolved(max(unchecked), "step", held)
     chosen: dict[int, tuple[Schedule, int]] = {}
     for rank, rs in enumerate(ranks):
-        for stage, (schedule, peak) in zip(rs, _fit(rs, solver, aim, options), strict=True):
+        for stage, (schedule, peak) in zip(
+            rs, _fit(rs, solver, resolved.aim, options), strict=True
+        ):
             chosen[stage.index] = (schedule, peak)
-            if peak > aim:
-                less = f" less its {held:g}% margin" if held else ""
-                least = format_budget_at_least(admitting_budget(peak, held))
-                raise BelowLeastPeak(
-                    f"budget {format_bytes(budget_bytes)}{less} is below the least pipeline "
-                    f"peak {format_bytes(peak)} of stage {stage.index} (rank {rank}, blocks "
-                    f"{prof.blocks[stage.start].path}..{prof.blocks[stage.end - 1].path}, "
-                    f"{stage.in_flight} microbatches in flight); use {option('budget', least)} "
-                    "or more, or fewer microbatches in flight (another schedule, more stages)",
+            if peak > resolved.aim:
+                raise resolved.below_least_peak(
                     peak,
+                    f"stage {stage.index} (rank {rank}, blocks {prof.blocks[stage.start].path}.."
+                    f"{prof.blocks[stage.end - 1].path}, {stage.in_flight} microbatches in "
+                    "flight)",
+                    ", or fewer microbatches in flight (another schedule, more stages)",
                 )
-    return _plan(
-        prof,
-        chain,
-        menus,
-        pipeline,
-        stages,
-        chosen,
-        parsed.text,
-        budget_bytes,
-        held,
-        aim,
-        data_parallel,
-        batch_size,
-    )
+    return _plan(prof, chain, menus, pipeline, stages, chosen, resolved, data_parallel, batch_size)
 
 
 def _fit(
@@ -336,10 +342,7 @@ def _plan(
     pipeline: Pipeline,
     stages: Sequence[_Stage],
     chosen: dict[int, tuple[Schedule, int]],
-    budget_text: str,
-    budget_bytes: int,
-    margin: float,
-    aim: int,
+    budget: ResolvedBudget,
     data_parallel: Parallel,
     batch_size: int,
 ) -> Plan:
@@ -352,7 +355,7 @@ def _plan(
         options += [(k + stage.start, o) for k, o in schedule.options]
     step_chain = to_chain(prof, "step", menus)
     whole = simulate(step_chain, segments, chosen[0][0].solver, options)
-    plan = plan_from_schedule(prof, step_chain, whole, budget_text, budget_bytes, "step", menus)
+    plan = plan_from_schedule(prof, step_chain, whole, budget, menus)
     paths = [b.path for b in prof.blocks]
     sections = []
     for stage in stages:
@@ -364,7 +367,7 @@ def _plan(
                 rank=pipeline.rank_of(stage.index),
                 blocks=tuple(own),
                 regions=tuple(r for r in plan.regions if _inside(r, own)),
-                budget_bytes=budget_bytes,
+                budget_bytes=budget.bytes,
                 predicted_peak_bytes=peak,
                 in_flight=stage.in_flight,
                 parameters=parameters_digest(prof.modules, own),
@@ -379,7 +382,6 @@ def _plan(
         )
     return replace(
         plan,
-        budget=replace(plan.budget, margin_percent=margin, aim_bytes=aim),
         settings=replace(
             plan.settings,
             world_size=data_parallel.world_size,

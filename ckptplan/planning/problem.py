@@ -373,11 +373,11 @@ def _priced(block: BlockProfile, ops: list[OpRecord], dataflow: object) -> tuple
 
 
 def selective_menus(
-    profile: Profile, points: int = MENU_POINTS, joined: bool = False
+    profile: Profile, points: int = MENU_POINTS, joined: bool = False, offload: bool = True
 ) -> list[list[Selection]]:
-    """Per block, the selective options worth offering (keeping and offloading nothing is plain
-    checkpoint). Offload is priced by the host link of the profile's ``--device``; ``joined``
-    (a compiled step): the options of blocks inside a region, as ``compiled_menu`` says."""
+    """Per block, the selective options worth offering (none: plain checkpoint); ``offload``
+    where it pays (Note [when offload pays] in ``ckptplan.devices``); ``joined`` (a compiled
+    step): the options of blocks inside a region, as ``compiled_menu`` says."""
     device = get_device(profile.settings.device, profile.settings.compiled)
     index_of = {id(op): i for i, op in enumerate(profile.ops)}
     cache: dict[tuple[object, ...], list[Selection]] = {}
@@ -390,7 +390,7 @@ def selective_menus(
                 block,
                 ops,
                 points,
-                device.offload_time,
+                device.offload_time if offload else None,
                 profile.policy_op_time,
                 compiled=profile.settings.compiled,
                 index_of=index_of,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from ckptplan.budget import ResolvedBudget
 from ckptplan.plan import Plan, PlanBudget, PlanSettings, Region
 from ckptplan.planning.problem import region_policy
 from ckptplan.planning.simulate import predict
@@ -17,21 +18,26 @@ def plan_from_schedule(
     prof: Profile,
     chain: Chain,
     schedule: Schedule,
-    budget_text: str,
-    budget_bytes: int,
-    scope: str = "step",
+    budget: ResolvedBudget,
     menus: list[list[Selection]] | None = None,
 ) -> Plan:
-    """The plan file for a solver's schedule of ``prof``'s chain (``menus`` name the ops kept
-    by the schedule's selective options).
+    """The plan file for a solver's schedule of ``prof``'s chain under ``budget`` (``menus``
+    name the ops kept by the schedule's selective options).
     """
+    scope = budget.scope
     chosen = {block: menus[block][option] for block, option in schedule.options} if menus else {}
     offloaded = sum(selection.offloaded_bytes for selection in chosen.values())
     return Plan(
         model=prof.model_name,
         fingerprint=prof.fingerprint,
         inputs=prof.inputs,
-        budget=PlanBudget(text=budget_text, bytes=budget_bytes, scope=scope),
+        budget=PlanBudget(
+            text=budget.text,
+            bytes=budget.bytes,
+            scope=scope,
+            margin_percent=budget.margin_percent,
+            aim_bytes=budget.aim,
+        ),
         solver=schedule.solver,
         settings=PlanSettings(**asdict(prof.settings), scope=scope, notes=tuple(prof.notes)),
         blocks=tuple(b.path for b in prof.blocks),

@@ -8,9 +8,9 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ckptplan.budget import admitting_budget, format_budget_at_least, format_bytes
+from ckptplan.budget import ResolvedBudget
 from ckptplan.devices import Device, get_device
-from ckptplan.errors import BelowLeastPeak, CkptplanError, option
+from ckptplan.errors import BelowLeastPeak
 from ckptplan.loading import Workload
 from ckptplan.options import Parallel
 from ckptplan.plan import Plan
@@ -49,7 +49,7 @@ def search_plan(search: Search, solver: str) -> tuple[Plan | None, int]:
                 plan.predicted.recompute_time_s,
                 segments.predicted.recompute_time_s,
                 plan.predicted.step_time_s,
-                search.device.selective_margin if _policied(plan) else 0.0,
+                search.device.selective_slack if _policied(plan) else 0.0,
             )
         ):
             plan, confirmed = replace(segments, solver="auto"), segments_peak
@@ -65,11 +65,9 @@ class Search:
     menus: list[list[Selection]] | None
     workload: Workload
     options: SolverOptions
-    budget_text: str
-    budget_bytes: int
-    aim: int
-    scope: str
-    margin: float
+    budget: ResolvedBudget
+    offload: bool
+    """Whether selective policies may offload (``SolveOptions.offload``)."""
     ranks: Parallel
     baselines: dict[str, Any]
     checked: bool
@@ -78,6 +76,10 @@ class Search:
     """Fake-run peaks by the plan's regions: auto and dp often reach the same plan."""
     partitions: dict[str, dict[str, Any]] = field(default_factory=dict)
     """For a compiled step, the partition each fake run made, by the plan's regions."""
+
+    @property
+    def aim(self) -> int:
+        return self.budget.aim
 
     @property
     def device(self) -> Device:
@@ -130,8 +132,8 @@ class Search:
         """``plan``, or the fastest joined plan (``ckptplan.planning.joined``) whose fake run
         fits the aim, where one is predicted to recompute less: only the combinations of
         block options predicted faster than ``plan`` are searched."""
-        menus = selective_menus(self.prof, joined=True)
-        joined = replace(self, chain=to_chain(self.prof, self.scope, menus), menus=menus)
+        menus = selective_menus(self.prof, joined=True, offload=self.offload)
+        joined = replace(self, chain=to_chain(self.prof, self.budget.scope, menus), menus=menus)
         runs = joined_runs(joined.chain, menus)
         if not runs:
             return plan, confirmed
@@ -190,31 +192,22 @@ class Search:
         try:
             return run_solver(solver, self.chain, target, self.options)
         except InfeasibleBudget as exc:
-            refusal = (self.budget_bytes, self.prof, solver, self.scope, self.margin)
+            of = f"{self.prof.model_name} with solver {solver} (scope {self.budget.scope})"
             if not self.checked:
-                raise below_least_peak(exc.least_peak, *refusal) from None
+                raise self.budget.below_least_peak(exc.least_peak, of) from None
             # The chain model keeps a saved tensor until its backward node ends; a checkpoint's
             # recomputed copy dies at its last use inside the node. So the plan of least peak
             # may run within a budget its prediction exceeds: the fake run decides.
             schedule = run_solver(solver, self.chain, exc.least_peak, self.options)
             confirmed = self._fake_run(self._plan(schedule))
             if confirmed > self.aim:
-                raise below_least_peak(confirmed, *refusal) from None
+                raise self.budget.below_least_peak(confirmed, of) from None
             return schedule
 
     def _plan(self, schedule: Schedule) -> Plan:
-        plan = plan_from_schedule(
-            self.prof,
-            self.chain,
-            schedule,
-            self.budget_text,
-            self.budget_bytes,
-            self.scope,
-            self.menus,
-        )
+        plan = plan_from_schedule(self.prof, self.chain, schedule, self.budget, self.menus)
         plan = replace(
             plan,
-            budget=replace(plan.budget, margin_percent=self.margin, aim_bytes=self.aim),
             settings=replace(
                 plan.settings, world_size=self.ranks.world_size, parallel=self.ranks.strategy
             ),
@@ -223,46 +216,22 @@ class Search:
         return plan
 
 
-# Note [why selective plans must win by a margin]
+# Note [why selective plans must win by a slack]
 #     A selective plan's saving is the recompute time of the op outputs it keeps; what it pays
 #     is host time in the policy's dispatch modes, per op call, which ``--measure`` found to be
 #     30-200 µs per call on the sample models, step to step and model to model. Measured on the
 #     CPU against the segments-only plan for the same budget, selective plans predicted 1-3% of
 #     the step cheaper ran 1-7% slower (ViT, GPT), and two runs of one plan differ by about 2%
 #     in time ratio. So on the CPU a predicted gain below 3% of the step is no gain
-#     (``Device.selective_margin``).
+#     (``Device.selective_slack``).
 
 
-def selective_pays(selective: float, segments: float, step: float, margin: float) -> bool:
+def selective_pays(selective: float, segments: float, step: float, slack: float) -> bool:
     """Whether a plan of ``selective`` seconds of recompute (an auto plan) is to be taken over
-    the segments-only plan of ``segments`` seconds for the same budget: by more than ``margin``
+    the segments-only plan of ``segments`` seconds for the same budget: by more than ``slack``
     of the ``step`` where it runs selective policies (0 where it runs none)."""
-    return segments - selective > margin * step
+    return segments - selective > slack * step
 
 
 def _policied(plan: Plan) -> bool:
     return any(r.policy or any(c.policy for c in r.children) for r in plan.regions)
-
-
-def held_back_percent(percent: float | None, target: str, compiled: bool = False) -> float:
-    """The share of the budget held back, in percent (the target's default when None)."""
-    if percent is None:
-        return get_device(target, compiled).margin_percent
-    if not 0 <= percent < 50:
-        example = option("margin", 2)
-        raise CkptplanError(
-            f"{option('margin', percent)} is not a percentage in [0, 50); e.g. {example}"
-        )
-    return percent
-
-
-def below_least_peak(
-    least: int, budget: int, prof: Profile, solver: str, scope: str, margin: float
-) -> BelowLeastPeak:
-    held = f" less its {margin:g}% margin" if margin else ""
-    return BelowLeastPeak(
-        f"budget {format_bytes(budget)}{held} is below the least feasible peak "
-        f"{format_bytes(least)} of {prof.model_name} with solver {solver} (scope {scope}); "
-        f"use {option('budget', format_budget_at_least(admitting_budget(least, margin)))} or more",
-        least,
-    )

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ckptplan.budget import format_budget_at_least, format_bytes
+from ckptplan.budget import ResolvedBudget, format_budget_at_least, format_bytes
 from ckptplan.devices import get_device
 from ckptplan.loading import Workload
 from ckptplan.plan import Plan, PlanSettings
@@ -116,7 +116,7 @@ def sweep(
     fixed += [baselines.every_k(chain, k) for k in options.every]
     segments = dp.frontier(chain)
     auto = [
-        _paying(s, segments, profile.step_time, get_device(settings.device).selective_margin)
+        _paying(s, segments, profile.step_time, get_device(settings.device).selective_slack)
         for s in dp.frontier(chain, selective=True, name="auto")
     ]
     chosen = thin(auto, options.points)
@@ -130,7 +130,9 @@ def sweep(
     out, measured_on = [], None
     for index, schedule in enumerate(schedules, 1):
         budget = format_budget_at_least(schedule.peak)
-        plan = plan_from_schedule(profile, chain, schedule, budget, schedule.peak, menus=menus)
+        plan = plan_from_schedule(
+            profile, chain, schedule, ResolvedBudget(budget, schedule.peak), menus
+        )
         point = SweepPoint(
             strategy=schedule.solver,
             predicted_peak_bytes=schedule.peak,
