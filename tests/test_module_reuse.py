@@ -25,6 +25,8 @@ from ckptplan.profiling.training import make_optimizer
 from ckptplan.verifying.steppeak import StepRun, measured_peak
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.runtime  # run on the lowest and newest torch supported too (.ci/run)
+
 ALBERT = ROOT / "tests" / "models" / "tiny_albert.py"
 ZOO = ROOT / "sample_models" / "zoo"
 GROUP = "albert.encoder.albert_layer_groups.0"

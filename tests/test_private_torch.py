@@ -6,7 +6,7 @@ import pytest
 
 from tests.private_torch import private_torch
 
-pytestmark = pytest.mark.torchfree
+pytestmark = [pytest.mark.torchfree, pytest.mark.runtime]
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 import ckptplan
@@ -26,6 +27,8 @@ from ckptplan.loading import load_model_file
 from tests.conftest import ROOT
 from tests.private_torch import KEPT, private_torch
 from tests.test_module_boundaries import PLANNER
+
+pytestmark = pytest.mark.runtime  # run on the lowest and newest torch supported too (.ci/run)
 
 HEAVY = ("ortools", "networkx", "rich", "click", "torch._dynamo", "torch._inductor")
 """What the planner imports and a training job should not pay for, or be broken by."""
@@ -40,6 +43,7 @@ PENDING = {
 STEP = """
 import functools, importlib.util, json, sys, time
 started = time.perf_counter()
+import pytest
 import torch
 torch_s = time.perf_counter() - started
 spec = importlib.util.spec_from_file_location("model_file", sys.argv[1])

@@ -20,6 +20,8 @@ from ckptplan.policy_types import OpCall, Policy
 from tests.conftest import MODELS, ROOT
 from tests.test_rewrite import plan_for
 
+pytestmark = pytest.mark.runtime  # run on the lowest and newest torch supported too (.ci/run)
+
 
 @pytest.fixture(scope="module")
 def plan() -> Plan:
