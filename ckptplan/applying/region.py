@@ -20,6 +20,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ckptplan.applying.gpukernels import GPU_ONLY_OPS, GpuAttention, emulated, runs_gpu_kernels
 from ckptplan.applying.guards import hf_checkpointing_layers, refuse_second_checkpointing
+from ckptplan.applying.hublayers import resolve_hub_layers
 from ckptplan.applying.offload import offload_contexts
 from ckptplan.applying.policy import OpCalls, op_overload, selective_contexts
 from ckptplan.applying.stats import RegionStats, Reporter, region_name
@@ -56,6 +57,7 @@ class RegionRun:
         self.reporter = reporter
         self.hf_layers = hf_checkpointing_layers(modules)
         """Layers Hugging Face's checkpointing can switch on (refused once planned)."""
+        resolve_hub_layers(modules)
         self.steps: list[tuple[int, int, RegionRun | None]] = [
             (i, i + 1, None) for i in range(len(modules))
         ]
