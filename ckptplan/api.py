@@ -77,6 +77,8 @@ def workload_of(
     example_inputs: Inputs | None,
     loss_fn: Callable[[Any], torch.Tensor] | None,
 ) -> Workload:
+    """What a call's ``model`` stands for: a live model with its example inputs (and loss), a
+    ``HubModel``, an ``hf:`` name or a model file (``MODULE:FUNCTION`` too)."""
     if isinstance(model, torch.nn.Module):
         if example_inputs is None:
             raise CkptplanError("pass example_inputs (the args or kwargs of forward) with a model")
@@ -210,8 +212,9 @@ def solve(
     (a percentage is of the compiled unchecked step's peak); the plan records that partition.
     """
     step, search, ranks = options_from(locals())
+    parsed = parse_budget(str(budget))
     workload = workload_of(model, example_inputs, loss_fn)
-    return solve_with(workload, parse_budget(str(budget)), step, search, ranks, progress)
+    return solve_with(workload, parsed, step, search, ranks, progress)
 
 
 SEARCHING = ("dp", "auto")
@@ -303,8 +306,9 @@ def optimality_gap_of_auto(
     ``ilp`` solver) at the same peak: see ``ckptplan.planning.opgraph``. The step's options
     are ``profile``'s."""
     step = options_from(locals())[0]
+    parsed = parse_budget(str(budget))
     return optimality_gap_with(
-        workload_of(model, example_inputs, loss_fn), parse_budget(str(budget)), step, time_limit_s
+        workload_of(model, example_inputs, loss_fn), parsed, step, time_limit_s
     )
 
 

@@ -346,7 +346,7 @@ def test_kept_outputs_past_the_last_save_stay_through_backward(gpt_profile) -> N
 
 
 @pytest.mark.parametrize(
-    ("selective", "segments", "margin", "taken"),
+    ("selective", "segments", "slack", "taken"),
     [
         (1.00, 1.02, 0.03, False),
         (1.00, 1.05, 0.03, True),
@@ -354,10 +354,10 @@ def test_kept_outputs_past_the_last_save_stay_through_backward(gpt_profile) -> N
         (1.0, 1.1, 0.0, True),
     ],
 )
-def test_a_selective_plan_is_taken_only_by_more_than_the_margin(
-    selective: float, segments: float, margin: float, taken: bool
+def test_a_selective_plan_is_taken_only_by_more_than_the_slack(
+    selective: float, segments: float, slack: float, taken: bool
 ) -> None:
-    assert selective_pays(selective, segments, 1.0, margin) is taken
+    assert selective_pays(selective, segments, 1.0, slack) is taken
 
 
 def test_auto_takes_dp_plan_where_its_selective_one_saves_under_the_margin() -> None:

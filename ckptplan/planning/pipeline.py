@@ -228,10 +228,9 @@ def solve_pipeline(
     rank that needs most. With a ``strategy``, each stage is data parallel.
     """
     step, search, ranks = options_from(locals())
+    parsed = parse_budget(str(budget))
     workload = api.workload_of(model, example_inputs, loss_fn)
-    return solve_pipeline_with(
-        workload, parse_budget(str(budget)), pipeline, step, search, ranks, progress
-    )
+    return solve_pipeline_with(workload, parsed, pipeline, step, search, ranks, progress)
 
 
 @keeps_random_state
