@@ -1,4 +1,5 @@
-"""A model's identity for plans: its module tree, parameter shapes and dtypes.
+"""A model's identity for plans: its module tree (as built, before ``layer_by_layer``),
+parameter shapes and dtypes.
 
 A plan names modules by path; applied to a model with another structure it would wrap the
 wrong modules or none, so ``apply`` compares fingerprints first.
@@ -12,11 +13,12 @@ from typing import Any
 
 import torch
 
+from ckptplan.applying.layered_rnn import unsplit_structure
 from ckptplan.errors import CkptplanError, option
 
 
 def model_fingerprint(model: torch.nn.Module) -> dict[str, Any]:
-    modules = [[path, type(m).__name__] for path, m in model.named_modules()]
+    modules = [[path, kind] for path, kind in unsplit_structure(model)]
     params = [[name, list(p.shape), str(p.dtype)] for name, p in model.named_parameters()]
     digest = hashlib.sha256(json.dumps([modules, params]).encode()).hexdigest()[:16]
     return {

@@ -33,6 +33,7 @@ import torch
 
 from ckptplan.applying.calls import CallRoute, StepStart
 from ckptplan.applying.guards import BatchGuard, TargetGuard
+from ckptplan.applying.layered_rnn import layer_by_layer
 from ckptplan.applying.region import RegionRun
 from ckptplan.applying.stats import AppliedPlan, RegionStats, Reporter, region_name
 from ckptplan.applying.tensors import training_conventions
@@ -243,6 +244,7 @@ def apply(
         from ckptplan.applying.pipeline_stage import stage_plan
 
         plan = stage_plan(model, plan, stage, force)
+    layer_by_layer(model)  # as profiling did: a stacked LSTM's layers may be planned units
     for note in training_conventions(model)[1]:
         log.warning("ckptplan.apply: %s", note)
     applied = AppliedPlan(

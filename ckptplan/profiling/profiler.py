@@ -33,6 +33,7 @@ from torch._subclasses.fake_tensor import (
 )
 
 from ckptplan.applying.gpukernels import GpuAttention
+from ckptplan.applying.layered_rnn import layer_by_layer
 from ckptplan.applying.tensors import training_conventions
 from ckptplan.devices import Device, get_device
 from ckptplan.errors import CkptplanError, raised_by_ckptplan
@@ -230,6 +231,7 @@ def _prepared(
     model: torch.nn.Module, inputs: Any, dtype: torch.dtype
 ) -> tuple[Any, Any, tuple[str, ...]]:
     inputs, notes = training_conventions(model, inputs)
+    layer_by_layer(model)  # as apply will: the layers of stacked LSTMs are units
     return cast_model(model, dtype).train(), cast_floating(inputs, dtype), notes
 
 

@@ -33,6 +33,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ckptplan.applying.gpukernels import emulated
+from ckptplan.applying.layered_rnn import splits
 
 aten = torch.ops.aten
 FORWARD = aten.mkldnn_rnn_layer.default
@@ -86,15 +87,17 @@ def workspace_bytes(func: Any, args: Any, tensor: torch.Tensor) -> int:
 
 def stacked_layers_advice(modules: dict[str, torch.nn.Module]) -> str:
     """The end of the error for a model with no blocks to find, where its layers are one
-    multi-layer recurrent module: checkpointed whole, it recomputes every layer at once in
-    backward, where an unchecked step peaks too, so its layers should be modules of their own."""
+    multi-layer recurrent module that ``layer_by_layer`` leaves whole (dropout between its layers,
+    or a subclass): checkpointed whole, it recomputes every layer at once in backward, where an
+    unchecked step peaks too, so its layers should be modules of their own."""
     for path, module in modules.items():
-        if isinstance(module, torch.nn.RNNBase) and module.num_layers > 1:
+        if isinstance(module, torch.nn.RNNBase) and module.num_layers > 1 and not splits(module):
             kind = type(module).__name__
+            why = f"dropout={module.dropout} between layers" if module.dropout else "a subclass"
             return (
-                f"; {path} (an nn.{kind} of {module.num_layers} layers) is one block, and "
-                "checkpointed whole it recomputes all its layers at once in backward: to plan "
-                f"them one by one, build them as an nn.ModuleList of one-layer nn.{kind}s (as "
+                f"; {path} (an nn.{kind} of {module.num_layers} layers, {why}) is one block, "
+                "and checkpointed whole it recomputes all its layers at once in backward: to "
+                f"plan them one by one, build them as an nn.ModuleList of one-layer nn.{kind}s (as "
                 "sample_models/zoo/lstm_stack.py does)"
             )
     return ""

@@ -48,6 +48,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from ckptplan.applying.layered_rnn import RecurrentLayer
 from ckptplan.errors import CkptplanError, option
 from ckptplan.profiling.rnn import stacked_layers_advice
 from ckptplan.unit_names import split_unit, unit_name
@@ -73,7 +74,8 @@ class _Call:
 
 
 def _has_weights(module: torch.nn.Module) -> bool:
-    return next(module.parameters(), None) is not None
+    """Holds weights, or computes with its stack's (a layer of a split LSTM)."""
+    return isinstance(module, RecurrentLayer) or next(module.parameters(), None) is not None
 
 
 def _is_stage(module: torch.nn.Module) -> bool:
