@@ -144,6 +144,10 @@ class BlockProfile:
     """Bytes of the output that only the block's own backward keeps (a final ReLU saves its
     result): alive at ``bwd_start`` of the unchecked step, but dropped by a checkpointed block,
     whose recomputation makes it again."""
+    freed_output_bytes: int = 0
+    """Bytes of the output that nothing after the block saves or takes (an average pool's
+    input): checkpointed, the block frees its output once the next op has read it, where the
+    unchecked step keeps it to the block's backward. A part of ``own_output_bytes``."""
     gap: Gap | None = None
     """The code that runs after this block and before the next, if any."""
     grads_at_bwd_start: int = 0

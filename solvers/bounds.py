@@ -71,7 +71,7 @@ def _choices(chain: Chain, selective: bool) -> list[list[tuple[float, float]]]:
     """Per block, (most bytes saved, least time) of each way it may be checkpointed."""
     out = []
     for b in chain.blocks:
-        most = block_saving(b, False)
+        most = block_saving(b, False) + b.freed_output_bytes  # at most: it may end a segment
         points = [(most, max(0.0, b.fwd_time - b.tail_time))]
         if selective:
             points += [

@@ -51,11 +51,12 @@ def segment_terms(
         kept = inner - (b.output_bytes if o and o.keeps_output else 0)
         held = o.held_bytes if o else 0
         saving = block_saving(b, j == 0) - kept
-        total = saved_before + saving
+        freed = 0 if o and o.keeps_output else b.freed_output_bytes
+        total = saved_before + saving + freed
         held_input = extra_input if j else 0
         forward = b.fwd_start - saved_before + b.fwd_peak_nograd + kept + outputs_held + held_input
         dropped = 0 if o and o.keeps_output else b.own_output_bytes
-        base = b.bwd_start - total - dropped + held + region
+        base = b.bwd_start - total - dropped + freed + held + region
         own = restored + (b.input_bytes if j else 0)
         replay = (b.fwd_peak if o else replayed_peak(b)) - b.fwd_start - kept
         events = [
@@ -63,7 +64,7 @@ def segment_terms(
             forward,
             base + max(most_recompute, own + replay),
             max(most_backward, b.bwd_peak) + extra_input + held,
-            *(v - total for v, _ in b.after_peaks),
+            *(v - total + freed for v, _ in b.after_peaks),
         ]
         time += o.recompute_time if o else b.fwd_time
         tail = o.tail_time if o else b.tail_time

@@ -159,6 +159,7 @@ def _chain_block(b: BlockProfile) -> ChainBlock:
         joins_previous=b.joins_previous,
         output_bytes=b.output_bytes,
         own_output_bytes=b.own_output_bytes,
+        freed_output_bytes=b.freed_output_bytes,
         replay_peak=b.replay_peak,
     )
 

@@ -82,6 +82,16 @@ def assemble(
         own_output = (
             call.output_key in saved_here and call.output_alive_at_bwd and call.output_died_in_bwd
         )
+        # And kept by nothing else: no later code saves it or takes it again (a skip).
+        freed = (
+            own_output
+            and not any(
+                call.output_key in saved
+                for phase, saved in recorder.saved.items()
+                if phase != forward
+            )
+            and recorder.extra_inputs.get(call.output_key, -1) <= i
+        )
         backward = Phase.backward(i)
         bwd_label = backward.label
         profiles.append(
@@ -110,6 +120,7 @@ def assemble(
                 random=label in random_phases,
                 stateful=_updates_buffers(module),
                 own_output_bytes=call.output_bytes if own_output else 0,
+                freed_output_bytes=call.output_bytes if freed else 0,
                 gap=_gap_after(i, recorder, phases, base, seconds),
                 replay_peak=base + recorder.replay_peaks.get(forward, phases[forward].start),
             )
