@@ -4,11 +4,10 @@
 activations); ``scope="activations"`` budgets activations alone, so the persistent bytes and
 the gradients present at each event are taken out of every figure.
 
-Each block may also carry a menu of selective policies (which op outputs to keep, and on a
-device with a host link which to offload, when it is checkpointed), the Pareto frontier of an
-knapsack over its forward ops. Repeated blocks (alike in every figure the menu is made of)
-are solved once: the menus cost O(d * k * P) for d distinct blocks of k ops and knapsack
-frontiers of P points (``ckptplan.solvers.selective.frontier``), not O(n * k * P).
+Each block may also carry a menu of selective policies (which op outputs to keep, and with a
+host link which to offload, when it is checkpointed), the Pareto frontier of a knapsack over
+its forward ops. Repeated blocks (alike in all the menu is made of) are solved once: O(d * k *
+P) for d distinct blocks of k ops and frontiers of P points (``selective.frontier``).
 """
 
 from __future__ import annotations
