@@ -6,6 +6,11 @@ catches that error and says in one line what it does instead (a real step, or th
 error), so the traceback is noise: no traceback text is for the user. The loggers' levels are
 raised for the run only and restored after it, so the caller's logging is left as it was.
 
+Libraries' messages about a step that ckptplan runs, not the user, are dropped during those
+runs too (``_NOISE``: transformers' "`loss_type=None` ... unrecognized", said of the profiled
+step of a model class it names no loss for, whose own default loss ckptplan runs): a filter on
+the library's logger for the run only, so the caller's loggers say what they said before.
+
 A fake run of a plan also keeps ckptplan's own logger quiet: it applies the plan, whose report
 (``checkpointed N regions``, what the first backward recomputed) is for the user's own run and
 would otherwise repeat, once per candidate plan, during ``solve``; so are the warnings of the
@@ -23,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import re
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,12 +37,52 @@ _LOGGERS = ("torch._subclasses.fake_tensor",)
 """Torch's loggers that log an exception ckptplan's fake runs catch (``log.exception``)."""
 _OWN_LOGGER = "ckptplan"
 """The logger of ``apply``'s report, which a fake run's ``apply`` would repeat."""
+_NOISE = {
+    "transformers.modeling_utils": re.compile(r"`loss_type=\w+` was set in the config but it is"),
+}
+"""Library logger -> its messages that are no user's business during ckptplan's runs."""
+
+
+class _DropNoise(logging.Filter):
+    def __init__(self, pattern: re.Pattern[str]) -> None:
+        super().__init__()
+        self.pattern = pattern
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.pattern.search(record.getMessage())
+
+
+@contextmanager
+def library_noise_quieted() -> Iterator[None]:
+    """While active, the library messages of ``_NOISE`` are dropped; the loggers' filters are
+    as the caller left them after. ``torch_logs_quieted`` and ``fake_run_logs_quieted`` hold it,
+    and so does every command's run under the CLI (``cli.output.progress_display``).
+
+    Example:
+        >>> log = logging.getLogger("transformers.modeling_utils")
+        >>> record = log.makeRecord(log.name, logging.WARNING, "", 0, "`loss_type=None` was set "
+        ...     "in the config but it is unrecognized.", None, None)
+        >>> with library_noise_quieted():
+        ...     log.filter(record)
+        False
+        >>> bool(log.filter(record))
+        True
+    """
+    added = [(logging.getLogger(name), _DropNoise(pattern)) for name, pattern in _NOISE.items()]
+    for logger, noise in added:
+        logger.addFilter(noise)
+    try:
+        yield
+    finally:
+        for logger, noise in added:
+            logger.removeFilter(noise)
 
 
 @contextmanager
 def torch_logs_quieted() -> Iterator[None]:
-    """While active, ``_LOGGERS`` log nothing; also a decorator (``@torch_logs_quieted()``)."""
-    with _quieted(_LOGGERS):
+    """While active, ``_LOGGERS`` log nothing and the libraries' noise is dropped; also a
+    decorator (``@torch_logs_quieted()``)."""
+    with _quieted(_LOGGERS), library_noise_quieted():
         yield
 
 
@@ -45,7 +91,11 @@ def fake_run_logs_quieted(ignored: tuple[type[Warning], ...] = ()) -> Iterator[N
     """While active, ``_LOGGERS`` and ckptplan's own logger log nothing, and warnings of the
     ``ignored`` classes are not shown: for a fake run of a plan, which applies it (and whose
     step is no user's: a plan for an H100 runs it on the CPU); also a decorator."""
-    with _quieted((*_LOGGERS, _OWN_LOGGER)), warnings.catch_warnings():
+    with (
+        _quieted((*_LOGGERS, _OWN_LOGGER)),
+        library_noise_quieted(),
+        warnings.catch_warnings(),
+    ):
         for category in ignored:
             warnings.simplefilter("ignore", category)
         yield

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -16,6 +17,7 @@ from rich.console import Console
 
 from ckptplan.cli.boundary import UserError
 from ckptplan.progress import QUIET, Progress
+from ckptplan.quietlogs import library_noise_quieted
 
 
 def writable_destination(path: str, flag: str = "-o") -> None:
@@ -63,9 +65,14 @@ class Spinner:
         self._status.stop()
 
 
-def progress_display(as_json: bool) -> AbstractContextManager[Progress]:
+@contextmanager
+def progress_display(as_json: bool) -> Iterator[Progress]:
     """A spinner where a person watches (stdout and stderr both terminals, no ``--json``);
-    elsewhere nothing, so that pipes, files and JSON get the report alone."""
-    if as_json or not (sys.stdout.isatty() and sys.stderr.isatty()):
-        return nullcontext(QUIET)
-    return Spinner(Console(stderr=True))
+    elsewhere nothing, so that pipes, files and JSON get the report alone. The libraries'
+    messages about ckptplan's own steps are dropped meanwhile (``quietlogs``)."""
+    with library_noise_quieted():
+        if as_json or not (sys.stdout.isatty() and sys.stderr.isatty()):
+            yield QUIET
+        else:
+            with Spinner(Console(stderr=True)) as spinner:
+                yield spinner
