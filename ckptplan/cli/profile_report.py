@@ -10,9 +10,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ckptplan.budget import format_bytes
 from ckptplan.phase import Phase
 from ckptplan.profiling.describe import describe_units
+from ckptplan.wording import ByteUnit, batch_words
 
 
 def _at_depth(path: str, depth: int) -> str:
@@ -63,21 +63,23 @@ def _seconds(s: float) -> str:
 
 
 def show_profile(profile: Any, console: Console, depth: int = 2, top: int = 10) -> None:
-    """What a step costs, by module, with the largest holders of memory for backward."""
+    """What a step costs, by module, with the largest holders of memory for backward; every
+    memory figure in the unit of the step's peak."""
     s = profile.settings
+    size = ByteUnit.of(profile.peak_bytes)
+    precision = s.dtype + (f" autocast {s.autocast}" if s.autocast else "")
     console.print(
         f"[bold]ckptplan profile[/] · {profile.model_name} ({profile.fingerprint['class']}, "
-        f"{profile.fingerprint['parameters']:,} parameters) · batch {s.batch_size or 'default'}"
-        f" · {s.dtype}{' autocast ' + s.autocast if s.autocast else ''} · optimizer "
+        f"{profile.fingerprint['parameters']:,} parameters) · "
+        f"{batch_words(s.batch_size, profile.inputs)} · {precision} · optimizer "
         f"{s.optimizer} · times {'measured here' if s.measure else 'estimated for ' + s.device}"
     )
     peak = profile.peak_bytes
     console.print(
-        f"unchecked peak [bold]{format_bytes(peak)}[/] · persistent "
-        f"{format_bytes(profile.persistent_bytes, peak)} (parameters "
-        f"{format_bytes(profile.parameter_bytes, peak)}, optimizer "
-        f"{format_bytes(profile.optimizer_bytes, peak)}, batch "
-        f"{format_bytes(profile.input_bytes, peak)}) · {_flops(profile.flops)}FLOP · step "
+        f"unchecked peak [bold]{size(peak)}[/] · persistent {size(profile.persistent_bytes)} "
+        f"(parameters {size(profile.parameter_bytes)}, optimizer "
+        f"{size(profile.optimizer_bytes)}, batch {size(profile.input_bytes)}) · "
+        f"{_flops(profile.flops)}FLOP · step "
         f"{_seconds(profile.step_time)} · a selective policy adds "
         f"{profile.policy_op_time * 1e6:.0f} µs per op call"
     )
@@ -94,13 +96,12 @@ def show_profile(profile: Any, console: Console, depth: int = 2, top: int = 10) 
     ):
         table.add_column(column, justify="left" if column in ("module", "class") else "right")
     rows = module_rows(profile, depth)
-    like = max((row["saved_bytes"] for row in rows), default=0)
     for row in rows:
         table.add_row(
             row["module"],
             row["class"],
             f"{row['parameters']:,}",
-            format_bytes(row["saved_bytes"], like),
+            size(row["saved_bytes"]),
             _flops(row["flops_fwd"]),
             _flops(row["flops_bwd"]),
             _seconds(row["time_fwd_s"]),
@@ -120,7 +121,6 @@ def show_profile(profile: Any, console: Console, depth: int = 2, top: int = 10) 
     blocks = Table(title=f"the chain: {len(profile.blocks)} blocks")
     for column in ("block", "saved", "input kept", "fwd peak", "bwd peak", "joins", "flags"):
         blocks.add_column(column, justify="left" if column in ("block", "flags") else "right")
-    like = max((max(b.fwd_peak, b.bwd_peak) for b in profile.blocks), default=0)
     for b in profile.blocks:
         flags = ", ".join(
             name
@@ -133,10 +133,10 @@ def show_profile(profile: Any, console: Console, depth: int = 2, top: int = 10) 
         )
         blocks.add_row(
             b.path,
-            format_bytes(b.saved_bytes, like),
+            size(b.saved_bytes),
             "yes" if b.input_kept else "no",
-            format_bytes(b.fwd_peak, like),
-            format_bytes(b.bwd_peak, like),
+            size(b.fwd_peak),
+            size(b.bwd_peak),
             "yes" if b.joins_previous else "no",
             flags,
         )
@@ -153,10 +153,9 @@ def show_profile(profile: Any, console: Console, depth: int = 2, top: int = 10) 
     table = Table(title=f"largest tensors saved for backward (top {top})")
     for column in ("op", "module", "saved", "flags"):
         table.add_column(column, justify="right" if column == "saved" else "left")
-    like = holders[0].saved_bytes if holders else 0
     for op in holders[:top]:
         flags = ", ".join(n for n, on in (("random", op.random), ("in-place", op.inplace)) if on)
-        table.add_row(op.op, op.module or "(model)", format_bytes(op.saved_bytes, like), flags)
+        table.add_row(op.op, op.module or "(model)", size(op.saved_bytes), flags)
     console.print(table)
 
 

@@ -3,44 +3,22 @@ plan comes from the plan file (``ckptplan.cli.profile_report`` shows profiles)."
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from ckptplan.budget import format_bytes
+from ckptplan.cli.regions import regions_words, tensors_words
 from ckptplan.plan import Plan
+from ckptplan.policy_types import Choice
 from ckptplan.prediction import Prediction
-from ckptplan.profiling.describe import describe_regions, describe_units
+from ckptplan.profiling.describe import describe_units
+from ckptplan.wording import SPREAD_NOTE, ByteUnit, batch_words, percent, ratio, with_spread
 
 
 def _regions_text(plan: Plan) -> str:
-    return describe_regions(plan.regions) if plan.regions else "none (every activation kept)"
-
-
-def _batch(plan: Plan) -> str:
-    """The batch the plan was made for: the flag, or the leading size of the model's inputs."""
-    if plan.settings.batch_size:
-        return f"batch {plan.settings.batch_size}"
-    sizes = {shape[0] for shape, _ in _input_shapes(plan.inputs) if shape}
-    return f"batch {sizes.pop()} (the model's)" if len(sizes) == 1 else "the model's own batch"
-
-
-def _input_shapes(inputs: Any) -> list[tuple[list[int], str]]:
-    """``[shape, dtype]`` leaves of a plan's recorded inputs."""
-    if (
-        isinstance(inputs, list | tuple)
-        and len(inputs) == 2
-        and isinstance(inputs[0], list | tuple)
-        and all(isinstance(d, int) for d in inputs[0])
-        and str(inputs[1]).startswith("torch.")
-    ):
-        return [(list(inputs[0]), inputs[1])]
-    if isinstance(inputs, dict):
-        inputs = list(inputs.values())
-    if isinstance(inputs, list | tuple):
-        return [leaf for item in inputs for leaf in _input_shapes(item)]
-    return []
+    return regions_words(plan.regions) if plan.regions else "none (every activation kept)"
 
 
 def settings_line(plan: Plan) -> str:
@@ -55,7 +33,7 @@ def settings_line(plan: Plan) -> str:
     parts = [
         f"target {target}",
         precision,
-        _batch(plan),
+        batch_words(s.batch_size, plan.inputs),
         f"optimizer {s.optimizer}",
         ranks,
         f"scope {plan.budget.scope}",
@@ -67,23 +45,25 @@ def settings_line(plan: Plan) -> str:
 
 
 def _overhead(prediction: Prediction) -> str:
-    return f"+{100 * prediction.overhead:.1f}%"
+    return percent(prediction.overhead)
 
 
 def show_plan(plan: Plan, console: Console) -> None:
-    """The plan, its prediction by category, and the baselines at a glance."""
+    """The plan, its prediction by category, and the baselines at a glance; every memory
+    figure in the unit of the largest (``wording.ByteUnit``)."""
     p = plan.predicted
     budget = plan.budget
+    baselines = [(name, Prediction.from_json(b)) for name, b in plan.baselines.items()]
+    size = ByteUnit.of(budget.bytes, p.peak_bytes, *(b.peak_bytes for _, b in baselines))
     console.print(
         f"[bold]ckptplan[/] · {plan.model} ({plan.fingerprint['class']}, "
         f"{plan.fingerprint['parameters']:,} parameters) · {len(plan.blocks)} blocks · "
         f"solver [bold]{plan.solver}[/]"
     )
-    largest = max(budget.bytes, p.peak_bytes)
     console.print(
-        f"budget [bold]{format_bytes(budget.bytes, largest)}[/] ({budget.text}, scope "
-        f"{budget.scope}) · predicted peak [bold]{format_bytes(p.peak_bytes, largest)}[/]"
-        f" at {p.peak_event} · recompute {_overhead(p)} of step time (estimated)"
+        f"budget [bold]{size(budget.bytes)}[/] ({budget.text}, scope {budget.scope}) · "
+        f"predicted peak [bold]{size(p.peak_bytes)}[/] at {p.peak_event} · recompute "
+        f"{_overhead(p)} of step time (estimated)"
     )
     console.print(settings_line(plan))
     device = plan.settings.device
@@ -97,22 +77,22 @@ def show_plan(plan: Plan, console: Console) -> None:
             "margin)"
         )
     )
-    if budget.margin_percent:
+    if budget.margin_percent and budget.aim_bytes is not None:
         console.print(
             f"margin: {budget.margin_percent:g}% of the budget held back (--margin); the plan "
-            f"aims at {format_bytes(budget.aim_bytes)}"
+            f"aims at {size(budget.aim_bytes)}"
         )
     if plan.settings.compiled and p.compiled_partition is not None:
         console.print(
             "for torch.compile (ckptplan.apply, then torch.compile): inductor's partition, made "
-            f"on fake tensors, hands {format_bytes(p.compiled_partition['saved_bytes'])} "
+            f"on fake tensors, hands {size(p.compiled_partition['saved_bytes'])} "
             "to backward; the budget holds the compiled step's peak below"
         )
     if p.fake_run_peak_bytes is not None:
         over = p.fake_run_peak_bytes > budget.bytes
         console.print(
             f"fake-run check (the checkpointed step executed on fake tensors): peak "
-            f"[bold]{format_bytes(p.fake_run_peak_bytes)}[/]"
+            f"[bold]{size(p.fake_run_peak_bytes)}[/]"
             + (
                 " [bold red]exceeds the budget[/]: lower --budget or try another --solver"
                 if over
@@ -126,74 +106,90 @@ def show_plan(plan: Plan, console: Console) -> None:
         console.print(f"note: {note}")
     console.print(f"checkpointed regions ({len(plan.regions)}): {_regions_text(plan)}")
     if p.offloaded_bytes:
+        offloaded = [c for r in plan.regions if r.policy for c in r.policy.calls(Choice.OFFLOAD)]
         console.print(
-            f"offloaded to host memory (pinned): [bold]{format_bytes(p.offloaded_bytes)}[/] "
-            "at the end of forward; its transfers are counted in the recompute time"
+            f"offloaded to host memory (pinned) at the end of forward: "
+            f"[bold]{size(p.offloaded_bytes)}[/], {tensors_words(offloaded)}; the transfers "
+            "are counted in the recompute time"
         )
     parts = Table(title="predicted peak by category", show_header=True, box=None)
     for column in ("parameters", "gradients", "optimizer", "batch", "activations", "total"):
         parts.add_column(column, justify="right")
     parts.add_row(
         *(
-            format_bytes(n, p.peak_bytes)
+            size(n)
             for n in (p.parameters, p.gradients, p.optimizer, p.inputs, p.activations, p.peak_bytes)
         )
     )
     console.print(parts)
-    if plan.baselines:
+    if baselines:
         table = Table(title="against fixed policies (predicted)")
         table.add_column("strategy")
         table.add_column("peak", justify="right")
         table.add_column("recompute", justify="right")
         table.add_column("fits budget", justify="center")
-        rows = [(name, Prediction.from_json(b)) for name, b in plan.baselines.items()]
-        rows.append((f"{plan.solver} (this plan)", p))
-        like = max(prediction.peak_bytes for _, prediction in rows)
-        for name, prediction in rows:
+        for name, prediction in [*baselines, (f"{plan.solver} (this plan)", p)]:
             fits = "✓" if prediction.peak_bytes <= budget.bytes else "✗"
-            peak = format_bytes(prediction.peak_bytes, like)
-            table.add_row(name, peak, _overhead(prediction), fits)
+            table.add_row(name, size(prediction.peak_bytes), _overhead(prediction), fits)
         console.print(table)
 
 
+def _agreement(a: str, b: str, exact: bool) -> str:
+    """``=`` beside figures equal to the byte, ``≈`` beside figures that differ by less than
+    they show (never ``≠`` beside two identical figures), ``≠`` beside figures that differ."""
+    return "=" if exact else "≈" if a == b else "≠"
+
+
 def show_verification(result: Any, console: Console) -> None:
-    """Measured against predicted, with a verdict per check."""
+    """Measured against predicted, with a verdict per check; memory in one unit, measured
+    times with their spread."""
     table = Table(title=f"verify on {result.device}")
     table.add_column("check")
     table.add_column("value", justify="right")
     table.add_column("", justify="center")
     fits = result.measured_peak_bytes <= result.budget_bytes
     instrument = "CUDA allocator" if result.device.startswith("cuda") else "CPU allocator"
-    like = max(result.budget_bytes, result.measured_peak_bytes, result.baseline_peak_bytes)
-    table.add_row("budget", format_bytes(result.budget_bytes, like), "")
-    table.add_row(
-        f"measured peak ({instrument})",
-        format_bytes(result.measured_peak_bytes, like),
-        "✓" if fits else "✗",
-    )
-    if result.tracked_peak_bytes is not None:
-        same = result.tracked_peak_bytes == result.measured_peak_bytes
-        table.add_row(
-            "peak by ckptplan's tracker",
-            format_bytes(result.tracked_peak_bytes, like),
-            "=" if same else "≠",
-        )
-    predicted = format_bytes(result.predicted_peak_bytes, like)
-    table.add_row("predicted peak", f"{predicted} ({100 * result.prediction_error:.1f}% off)", "")
     compiled = result.compiled
+    size = ByteUnit.of(
+        result.budget_bytes,
+        result.measured_peak_bytes,
+        result.baseline_peak_bytes,
+        result.predicted_peak_bytes,
+        result.tracked_peak_bytes,
+        compiled.unchecked_peak_bytes if compiled else None,
+    )
+    measured = size(result.measured_peak_bytes)
+    table.add_row("budget", size(result.budget_bytes), "")
+    table.add_row(f"measured peak ({instrument})", measured, "✓" if fits else "✗")
+    if result.tracked_peak_bytes is not None:
+        tracked = size(result.tracked_peak_bytes)
+        exact = result.tracked_peak_bytes == result.measured_peak_bytes
+        table.add_row("peak by ckptplan's tracker", tracked, _agreement(tracked, measured, exact))
+    predicted = size(result.predicted_peak_bytes)
+    table.add_row("predicted peak", f"{predicted} ({100 * result.prediction_error:.1f}% off)", "")
     kind = " (eager)" if compiled else ""
-    table.add_row(f"unchecked peak{kind}", format_bytes(result.baseline_peak_bytes, like), "")
-    table.add_row(f"step time / unchecked{kind}", f"{result.step_time_ratio:.2f}x", "")
+    bounds = result.step_time_ratio_range
+    table.add_row(f"unchecked peak{kind}", size(result.baseline_peak_bytes), "")
+    table.add_row(
+        f"step time / unchecked{kind}", with_spread(result.step_time_ratio, bounds, ratio), ""
+    )
     if compiled:
-        unchecked = format_bytes(compiled.unchecked_peak_bytes, like)
-        table.add_row("unchecked peak (compiled)", unchecked, "")
-        table.add_row("step time / unchecked (compiled)", f"{compiled.step_time_ratio:.2f}x", "")
+        table.add_row("unchecked peak (compiled)", size(compiled.unchecked_peak_bytes), "")
+        table.add_row(
+            "step time / unchecked (compiled)",
+            f"{ratio(compiled.step_time_ratio)} (a quotient of medians: no spread)",
+            "",
+        )
         table.add_row("compile time (apart)", f"{compiled.compile_time_s:.1f} s", "")
     if result.predicted_overhead is not None:
-        measured = result.measured_overhead
+        overhead = (
+            percent(result.measured_overhead)
+            if compiled
+            else with_spread(result.measured_overhead, (bounds[0] - 1, bounds[1] - 1), percent)
+        )
         table.add_row(
             "overhead: predicted / measured",
-            f"+{100 * result.predicted_overhead:.0f}% / +{100 * measured:.0f}%",
+            f"{percent(result.predicted_overhead)} / {overhead}",
             "" if result.overhead_agrees else "differ by >25%",
         )
     table.add_row(
@@ -202,44 +198,47 @@ def show_verification(result: Any, console: Console) -> None:
         "✓" if result.grads_match else "✗",
     )
     console.print(table)
+    console.print(f"[dim]{SPREAD_NOTE}[/]")
 
 
 def show_sweep(result: Any, console: Console, budget: int | None = None) -> None:
-    """Every point, predicted beside measured, in one unit; with a budget, which fit it."""
+    """Every point, predicted beside measured (with its spread), in one unit; with a budget,
+    which fit it."""
     table = Table(title=f"{result.model}, every strategy: peak against recompute overhead")
     columns = ["strategy", "regions", "predicted peak", "predicted overhead"]
+    peaks = [budget] + [
+        b for p in result.points for b in (p.predicted_peak_bytes, p.measured_peak_bytes)
+    ]
+    size = ByteUnit.of(*peaks)
     if result.measured:
         columns += ["measured peak", "measured overhead", "grad diff"]
     if budget is not None:
-        columns.append(f"fits {format_bytes(budget)}")
+        columns.append(f"fits {size(budget)}")
     for column in columns:
         table.add_column(column, justify="left" if column == "strategy" else "right")
-    peaks = [
-        b
-        for p in result.points
-        for b in (p.predicted_peak_bytes, p.measured_peak_bytes, budget)
-        if b is not None
-    ]
-    like = max(peaks, default=0)
 
-    def size(n: int | None) -> str:
-        return "" if n is None else format_bytes(n, like)
-
-    def percent(x: float | None) -> str:
-        return "" if x is None else f"{100 * x:.1f}%"
+    def shown(n: float | None, words: Callable[[float], str] = size) -> str:
+        return "" if n is None else words(n)
 
     for p in result.points:
-        row = [p.strategy, str(p.regions), size(p.predicted_peak_bytes)]
-        row.append(percent(p.predicted_overhead))
+        row = [p.strategy, str(p.regions), shown(p.predicted_peak_bytes)]
+        row.append(shown(p.predicted_overhead, percent))
         if result.measured:
             diff = "" if p.max_grad_abs_diff is None else f"{p.max_grad_abs_diff:.0e}"
-            row += [size(p.measured_peak_bytes), percent(p.measured_overhead), diff]
+            overhead = (
+                with_spread(p.measured_overhead, p.measured_overhead_range, percent)
+                if p.measured_overhead is not None and p.measured_overhead_range
+                else shown(p.measured_overhead, percent)
+            )
+            row += [shown(p.measured_peak_bytes), overhead, diff]
         if budget is not None:
             judged = p.measured_peak_bytes if result.measured else p.predicted_peak_bytes
             row.append("" if judged is None else "✓" if judged <= budget else "✗")
         table.add_row(*row)
     console.print(table)
     console.print(f"[dim]{result.caption()}[/]")
+    if result.measured:
+        console.print(f"[dim]{SPREAD_NOTE}[/]")
 
 
 def show_gap(report: Any, console: Console) -> None:
@@ -249,7 +248,8 @@ def show_gap(report: Any, console: Console) -> None:
         f"[bold]{report.model}[/]: {report.n_ops} ops ({report.n_nodes} nodes, "
         f"{report.n_edges} edges); one step computes for {report.total_cost * unit:.4g} s"
     )
-    table = Table(title=f"at the op-graph peak of auto's plan, {format_bytes(report.budget)}")
+    budget = ByteUnit.of(report.budget)(report.budget)
+    table = Table(title=f"at the op-graph peak of auto's plan, {budget}")
     for column in ("solver", "recompute (s)", "step (s)", "status"):
         table.add_column(column, justify="left" if column in ("solver", "status") else "right")
     table.add_row(
@@ -281,18 +281,17 @@ def show_fit(result: Any, console: Console) -> None:
     """Every size ``fit`` asked: its plan's peak (or the least peak that refused it), the plan
     in brief, the predicted overhead and throughput; then the answer and why."""
     unit = "samples/s" if result.vary == "batch" else "tokens/s"
-    budget = format_bytes(result.budget_bytes)
-    table = Table(title=f"{result.vary} sizes against the budget {budget}")
+    size = ByteUnit.of(result.budget_bytes, *(p.peak_bytes for p in result.points))
+    table = Table(title=f"{result.vary} sizes against the budget {size(result.budget_bytes)}")
     for column in (result.vary, "fits", "peak", "plan", "overhead", unit):
         table.add_column(column, justify="left" if column == "plan" else "right")
-    like = result.budget_bytes
     for p in result.points:
         table.add_row(
             str(p.size),
             "✓" if p.fits else "✗",
-            format_bytes(p.peak_bytes, like) + ("" if p.fits else " least"),
+            size(p.peak_bytes) + ("" if p.fits else " least"),
             p.regions,
-            "" if p.overhead is None else f"+{100 * p.overhead:.1f}%",
+            "" if p.overhead is None else percent(p.overhead),
             "" if p.throughput is None else f"{p.throughput:.4g}",
         )
     console.print(table)

@@ -1,4 +1,4 @@
-"""The memory/step-time frontier of every strategy on one model.
+"""The memory/step-time frontier of every strategy on one model (``sweep_plot`` draws it).
 
 Fixed policies (none, full, every-k, sqrt) give one point each; ``dp`` and ``auto`` give their
 whole Pareto frontier from one pass of the chain DP, thinned to a few points, and ``auto`` also
@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ckptplan.budget import ResolvedBudget, format_budget_at_least, format_bytes
+from ckptplan.budget import ResolvedBudget, format_budget_at_least
 from ckptplan.devices import get_device
 from ckptplan.loading import Workload
 from ckptplan.plan import Plan, PlanSettings
@@ -29,6 +29,7 @@ from ckptplan.solvers.chain import Schedule
 from ckptplan.solvers.selective import thin
 from ckptplan.verifying.peers import measure_compile_budget
 from ckptplan.verifying.verification import verify_plan
+from ckptplan.wording import batch_words
 
 log = logging.getLogger("ckptplan")
 
@@ -61,6 +62,8 @@ class SweepPoint:
     measured_peak_bytes: int | None = None
     measured_overhead: float | None = None
     max_grad_abs_diff: float | None = None
+    measured_overhead_range: tuple[float, float] | None = None
+    """Least and greatest overhead of the timed runs (``measured_overhead`` is their median)."""
     plan: Plan | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
@@ -89,12 +92,18 @@ class Sweep:
         s = self.settings
         precision = s.dtype + (f" autocast {s.autocast}" if s.autocast else "")
         times = "op times measured here" if s.measure else f"the {s.device} roofline"
+        inputs = next((p.plan.inputs for p in self.points if p.plan is not None), None)
         line = (
-            f"plans for {s.device} · {precision} · batch {s.batch_size or 'the model default'} · "
+            f"plans for {s.device} · {precision} · {batch_words(s.batch_size, inputs)} · "
             f"optimizer {s.optimizer} · predictions from {times}"
         )
         if self.measured_on:
-            line += f" · measured on {self.measured_on} (median of --repeats {self.repeats})"
+            runs = (
+                "1 run per point, no spread"
+                if self.repeats == 1
+                else f"median ± half the range of {self.repeats} timed runs per point"
+            )
+            line += f" · measured on {self.measured_on} ({runs})"
         return line
 
 
@@ -147,6 +156,7 @@ def sweep(
                 point,
                 measured_peak_bytes=result.measured_peak_bytes,
                 measured_overhead=result.step_time_ratio - 1,
+                measured_overhead_range=_less_one(result.step_time_ratio_range),
                 max_grad_abs_diff=result.max_grad_abs_diff,
             )
             measured_on = result.device
@@ -179,10 +189,16 @@ def _compile_points(
                 regions=0,
                 measured_peak_bytes=measured.measured_peak_bytes,
                 measured_overhead=measured.step_time_s / measured.baseline_step_time_s - 1,
+                measured_overhead_range=_less_one(measured.step_time_ratio_range),
                 max_grad_abs_diff=measured.max_grad_abs_diff,
             )
         )
     return points
+
+
+def _less_one(ratios: tuple[float, float]) -> tuple[float, float]:
+    """The overheads of a range of step-time ratios."""
+    return ratios[0] - 1, ratios[1] - 1
 
 
 def save_plans(result: Sweep, folder: str | Path) -> list[Path]:
@@ -221,112 +237,3 @@ def _fastest_within(frontier: Sequence[Schedule], peak: int) -> Schedule | None:
     """The frontier's plan of least recompute whose peak is at most ``peak``."""
     fitting = [s for s in frontier if s.peak <= peak]
     return min(fitting, key=lambda s: (s.recompute_time, s.peak)) if fitting else None
-
-
-def _family(strategy: str) -> str:
-    """every-2, every-3 -> every-k; compile-0.5 -> compile."""
-    if strategy.startswith("every"):
-        return "every-k"
-    return strategy.split("-")[0] if strategy.startswith("compile") else strategy
-
-
-def _xy(point: SweepPoint, measured: bool) -> tuple[float, float] | None:
-    """Peak and overhead, measured or predicted; None where the point has no such figures."""
-    peak = point.measured_peak_bytes if measured else point.predicted_peak_bytes
-    overhead = point.measured_overhead if measured else point.predicted_overhead
-    return None if peak is None or overhead is None else (float(peak), float(overhead))
-
-
-def _unit(largest: float) -> tuple[str, float]:
-    """The binary unit (name, size) that ``format_bytes`` reads ``largest`` in."""
-    unit = format_bytes(largest).split()[-1]
-    return unit, {"GiB": 2**30, "MiB": 2**20, "KiB": 2**10}.get(unit, 1)
-
-
-def terminal_plot(
-    result: Sweep, budget: int | None = None, width: int = 64, height: int = 16
-) -> str:
-    """A scatter of overhead (up) against peak (right), one letter per strategy; measured
-    figures where the sweep measured them, and ``┊`` at the budget (``show_sweep`` prints the
-    settings above it)."""
-    coords = [(p, xy) for p in result.points if (xy := _xy(p, result.measured)) is not None]
-    xs = [xy[0] for _, xy in coords] + ([budget] if budget else [])
-    ys = [xy[1] for _, xy in coords]
-    x0, x1 = min(xs), max(xs) or 1.0
-    y0, y1 = min(0.0, *ys), max(ys) or 1.0
-    grid = [[" "] * width for _ in range(height)]
-
-    def column(x: float) -> int:
-        return round((x - x0) / ((x1 - x0) or 1) * (width - 1))
-
-    if budget:
-        for row in grid:
-            row[column(budget)] = "┊"
-    letters: dict[str, str] = {}
-    for p, (x, y) in coords:
-        letter = letters.setdefault(_family(p.strategy), "NFSEDAC"[len(letters) % 7])
-        grid[height - 1 - round((y - y0) / ((y1 - y0) or 1) * (height - 1))][column(x)] = letter
-    what = f"measured on {result.measured_on}" if result.measured else "predicted"
-    unit, size = _unit(x1)
-    lines = [f"recompute overhead, {what}: up to {100 * y1:.0f}% ┐"]
-    lines += ["│" + "".join(r) for r in grid]
-    lines.append("└" + "─" * width + f" peak, {what}: {x0 / size:.3g}…{x1 / size:.3g} {unit}")
-    legend = "  ".join(f"{v}={k}" for k, v in letters.items())
-    lines.append(legend + (f"  ┊=budget {format_bytes(budget)}" if budget else ""))
-    return "\n".join(lines)
-
-
-def save_plot(result: Sweep, path: str, budget: int | None = None) -> None:
-    """PNG or SVG by the file's suffix; needs matplotlib (``pip install 'ckptplan[plot]'``).
-
-    Predicted figures are hollow markers on dashed lines, measured ones filled on solid lines;
-    the budget, if given, is a vertical line; the settings are the caption.
-    """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        from ckptplan.errors import CkptplanError
-
-        raise CkptplanError(
-            "plotting needs matplotlib: pip install 'ckptplan[plot]' (or drop --plot)"
-        ) from None
-    peaks = [p.predicted_peak_bytes or p.measured_peak_bytes or 0 for p in result.points]
-    unit, size = _unit(max([*peaks, budget or 0]))
-    figure, axes = plt.subplots(figsize=(7.5, 5))
-    families: dict[str, list[SweepPoint]] = {}
-    for p in result.points:
-        families.setdefault(_family(p.strategy), []).append(p)
-    for index, (family, members) in enumerate(families.items()):
-        color = f"C{index}"
-        frontier = family in ("dp", "auto")
-        marker = "o" if frontier else "^" if family == "compile" else "s"
-        for measured in (False, True) if result.measured else (False,):
-            xy = sorted(c for m in members if (c := _xy(m, measured)) is not None)
-            if not xy:
-                continue
-            axes.plot(
-                [x / size for x, _ in xy],
-                [100 * y for _, y in xy],
-                marker=marker,
-                linestyle=("-" if measured else "--") if frontier else "",
-                color=color,
-                markerfacecolor=color if measured else "none",
-                label=f"{family}, {'measured' if measured else 'predicted'}",
-            )
-    if budget:
-        label = f"budget {format_bytes(budget)}"
-        axes.axvline(budget / size, color="red", linestyle=":", label=label)
-    what = f"measured on {result.measured_on} and predicted" if result.measured else "predicted"
-    axes.set_xlabel(f"peak memory of one training step ({unit})")
-    axes.set_ylabel("recompute overhead (% of the unchecked step time)")
-    axes.set_title(f"{result.model}: overhead against peak memory, {what}")
-    axes.grid(alpha=0.3)
-    axes.legend(fontsize=8)
-    figure.text(0.01, 0.01, result.caption(), fontsize=7, wrap=True)
-    figure.tight_layout(rect=(0, 0.05, 1, 1))
-    with plt.rc_context({"svg.fonttype": "none"}):  # an SVG's words stay text, for a report
-        figure.savefig(path)
-    plt.close(figure)
