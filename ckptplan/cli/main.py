@@ -320,7 +320,8 @@ def verify(
 ) -> None:
     """Run a training step with and without the plan: peak, time and gradients.
 
-    Exits with status 1 when the measured peak exceeds the budget or gradients differ.
+    Exits with status 1 when the measured peak exceeds the budget, gradients differ, or a
+    compiled plan's step compiles into more graphs or graph breaks than the unchecked step.
     """
     from ckptplan.api import verify as verify_plan
     from ckptplan.cli.report import show_verification
@@ -334,7 +335,15 @@ def verify(
         print_json("verify", result.to_json())
     else:
         show_verification(result, console())
-    if not (result.within_budget and result.grads_match):
+    compiled = result.compiled
+    if not result.graphs_match and compiled is not None:
+        click.echo(
+            f"verify: the plan adds graph breaks: its compiled step made {compiled.graphs} "
+            f"graphs and {compiled.graph_breaks} breaks, the unchecked step "
+            f"{compiled.unchecked_graphs} and {compiled.unchecked_graph_breaks}",
+            err=True,
+        )
+    if not (result.within_budget and result.grads_match and result.graphs_match):
         sys.exit(1)
 
 

@@ -18,7 +18,12 @@ from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError, raised_by_ckptplan
 from ckptplan.loading import Workload, build_fake
 from ckptplan.plan import Plan
-from ckptplan.planning.compiled import CompiledModel, Partition, partitioning_backend
+from ckptplan.planning.compiled import (
+    CompiledModel,
+    Partition,
+    counting_breaks,
+    partitioning_backend,
+)
 from ckptplan.profiling.everyblock import EveryBlockRuns
 from ckptplan.profiling.fakepaths import real_step_paths
 from ckptplan.profiling.memtrack import CompiledStepTracker, LiveStorageTracker
@@ -58,7 +63,8 @@ def fake_run_peak(model_file: Workload, plan: Plan) -> int:
 @fake_run_logs_quieted(GUARD_WARNINGS)
 def compiled_fake_run(model_file: Workload, plan: Plan) -> tuple[int, Partition]:
     """The step peak of ``torch.compile`` after ``apply(model, plan)`` (a plan of no regions:
-    the unchecked model), and the partition it made, on fake tensors: inductor's decompositions and
+    the unchecked model), and the partition it made (with the graphs compiled and the graph
+    breaks), on fake tensors: inductor's decompositions and
     partitioner with eager kernels (``ckptplan.planning.compiled``). The caller's own compiled code
     is left as it was (Note [compiling without touching the caller's caches]).
     """
@@ -93,7 +99,7 @@ def _checkpointed_step_peak(
         host = not target.host_bandwidth
         kernels = GpuAttention() if not host and not real else nullcontext()
         # torch.compile runs no frame under a dispatch mode: a compiled step draws as it does.
-        every_block = EveryBlockRuns() if compiled is None else nullcontext()
+        every_block = EveryBlockRuns() if compiled is None else counting_breaks(compiled)
         with real_step_paths(inputs, compiled is not None), kernels, every_block:
             scope = settings.scope
             if real:  # a real step here: the allocator's own figure, as verify takes it

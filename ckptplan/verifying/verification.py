@@ -22,7 +22,7 @@ from ckptplan.applying.install import apply
 from ckptplan.errors import CkptplanError, option
 from ckptplan.loading import Workload
 from ckptplan.plan import Plan, PlanSettings
-from ckptplan.planning.compiled import CompiledModel
+from ckptplan.planning.compiled import CompiledModel, Partition, counting_breaks, inductor_backend
 from ckptplan.verifying.comparison import Comparison, compare
 from ckptplan.verifying.gradcompare import seeded_grads
 from ckptplan.verifying.localrun import baseline_run, run_device
@@ -42,6 +42,20 @@ class CompiledFigures:
     step_time_ratio: float
     """The plan's compiled step over the compiled unchecked one: two paired measurements
     against the same eager step, divided."""
+    graphs: int = 0
+    """Forward graphs inductor compiled for the plan's step (one where nothing breaks)."""
+    graph_breaks: int = 0
+    unchecked_graphs: int = 0
+    unchecked_graph_breaks: int = 0
+
+    @property
+    def graphs_match(self) -> bool:
+        """No more compiled graphs or graph breaks than the unchecked model: the plan added
+        no break (a break in a loop sends the loop to eager, which can leave fewer graphs)."""
+        return (
+            self.graphs <= self.unchecked_graphs
+            and self.graph_breaks <= self.unchecked_graph_breaks
+        )
 
 
 @dataclass(frozen=True)
@@ -79,7 +93,14 @@ class Verification:
             "grads_match": self.grads_match,
             "prediction_error": self.prediction_error,
             "overhead_agrees": self.overhead_agrees,
+            "graphs_match": self.graphs_match,
         }
+
+    @property
+    def graphs_match(self) -> bool:
+        """A compiled plan's step compiles into no more graphs, with no more graph breaks,
+        than the unchecked step."""
+        return self.compiled is None or self.compiled.graphs_match
 
     @property
     def within_budget(self) -> bool:
@@ -167,15 +188,18 @@ def verify_plan(
 
 def _compiled(
     model: torch.nn.Module, model_file: Workload, inputs: Any, autocast: str | None
-) -> tuple[torch.nn.Module, float]:
-    """``model`` compiled by inductor, and the seconds its first step took over its second."""
-    compiled = CompiledModel(model, "inductor")
+) -> tuple[torch.nn.Module, float, Partition]:
+    """``model`` compiled by inductor, the seconds its first step took over its second, and
+    the graphs and graph breaks compiling it made."""
+    log = Partition()
+    compiled = CompiledModel(model, inductor_backend(log))
     times = []
     for _ in range(2):
         start = time.perf_counter()
-        seeded_grads(model_file, compiled, inputs, autocast)
+        with counting_breaks(log):
+            seeded_grads(model_file, compiled, inputs, autocast)
         times.append(time.perf_counter() - start)
-    return compiled, max(times[0] - times[1], 0.0)
+    return compiled, max(times[0] - times[1], 0.0), log
 
 
 def _compare_compiled(
@@ -193,15 +217,19 @@ def _compare_compiled(
     autocast = settings.autocast
     # Each comparison trains its pair: the compiled unchecked model's has its own eager copy.
     eager = copy.deepcopy(baseline_model)
-    unchecked, _ = _compiled(copy.deepcopy(baseline_model), model_file, inputs, autocast)
+    unchecked, _, plain = _compiled(copy.deepcopy(baseline_model), model_file, inputs, autocast)
     base = compare(model_file, settings, eager, unchecked, inputs, target, repeats, False)
     del eager, unchecked
-    planned, compile_time = _compiled(planned_model, model_file, inputs, autocast)
+    planned, compile_time, log = _compiled(planned_model, model_file, inputs, autocast)
     result = compare(model_file, settings, baseline_model, planned, inputs, target, repeats, False)
     figures = CompiledFigures(
         compile_time_s=compile_time,
         unchecked_peak_bytes=base.measured_peak_bytes,
         unchecked_step_time_ratio=base.step_time_ratio,
         step_time_ratio=result.step_time_ratio / base.step_time_ratio,
+        graphs=log.compiled_graphs,
+        graph_breaks=log.graph_breaks,
+        unchecked_graphs=plain.compiled_graphs,
+        unchecked_graph_breaks=plain.graph_breaks,
     )
     return figures, result
