@@ -21,9 +21,17 @@ against eager, absolute and relative (per parameter, max |g - g_eager| / max |g_
 float32 as timed and again in float64 (Note [two gradient checks]).
 Per point of compile's own budget, a ``verdict`` row names the ckptplan compiled plan whose
 measured peak is no higher and which is fastest against that point, timed in pairs with it,
-and whether it is faster beyond noise (Note [noise in the verdicts]).
+and whether it is faster beyond noise (Note [noise in the verdicts]). Each compiled entry also
+records the graphs inductor compiled and the graph breaks dynamo counted while compiling it,
+and each ckptplan plan its predicted recompute overhead beside the measured one (its step over
+the compiled unchecked step, less one). The Hugging Face Llama and ViT of
+``benchmarks/models`` (12 layers, 256 and 577 tokens, the libraries' defaults: issue 43) are
+measured lean (``LEAN``). A ``machine`` row per model records the load (``uptime``) before
+and after: other jobs may share the cores.
 
     python benchmarks/compile.py [--models sample_models/vit.py] [--rounds 9] [--pairs 24]
+    python benchmarks/compile.py --models benchmarks/models/hf_llama_256.py \
+        benchmarks/models/hf_vit_384.py --rounds 5 --pairs 8
 
 Writes benchmarks/results/compile.json (rows merged by model) and compile.png.
 """
@@ -36,12 +44,14 @@ import copy
 import json
 import math
 import statistics
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from compile_plot import plot  # benchmarks/, the script's own folder
 from torch._functorch import config as functorch_config
 from torch._inductor import config as inductor_config
 from torch.utils._pytree import tree_map
@@ -51,7 +61,12 @@ from ckptplan.applying.tensors import training_conventions
 from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError
 from ckptplan.loading import Workload, call_model, load_model_file
-from ckptplan.planning.compiled import CompiledModel, Partition, inductor_backend
+from ckptplan.planning.compiled import (
+    CompiledModel,
+    Partition,
+    counting_breaks,
+    inductor_backend,
+)
 from ckptplan.profiling.memtrack import keep_freed_host_memory, storage_bytes
 from ckptplan.profiling.training import make_optimizer, persistent_tensors
 from ckptplan.verifying.allocmeter import allocator_peak
@@ -66,8 +81,15 @@ MODELS = (
     "tests/models/hf_llama.py",
     "tests/models/hf_bert.py",
     "tests/models/hf_vit.py",
+    "benchmarks/models/hf_llama_256.py",
+    "benchmarks/models/hf_vit_384.py",
 )
 COMPILE_BUDGETS = (0.1, 0.3, 0.5, 0.7)
+LEAN = {"hf_llama_256": (0.3, 0.5, 0.7), "hf_vit_384": (0.3, 0.5, 0.7)}
+"""Models as users build them (issue 43), measured at compile's 0.3, 0.5 and 0.7 only, with
+one ckptplan compiled plan per point (at the point's peak) and no eager plans: their compiles
+take minutes each. They have no dropout, so their gradients are judged in float32 against the
+compiled unchecked step's own rounding (Note [two gradient checks])."""
 
 
 class Entry:
@@ -121,7 +143,9 @@ def errors(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> tuple
 def measure(workload: Workload, entry: Entry, inputs: Any, want: dict[str, torch.Tensor]) -> None:
     """Gradients (the first call compiles), then a warm step, then the allocator's peak."""
     start = time.perf_counter()
-    absolute, relative = errors(gradients(workload, entry, inputs), want)
+    log = entry.row.get("partition", Partition())
+    with counting_breaks(log):
+        absolute, relative = errors(gradients(workload, entry, inputs), want)
     entry.row.update(grad_abs_diff=absolute, grad_rel_error=relative)
     first = time.perf_counter() - start
     step(workload, entry, inputs, seed=1)
@@ -280,10 +304,12 @@ def run_model(path: Path, rounds: int, pairs: int) -> list[dict[str, Any]]:
     def fresh() -> torch.nn.Module:
         return copy.deepcopy(pristine)
 
+    lean = path.stem in LEAN
+    budgets = LEAN.get(path.stem, COMPILE_BUDGETS)
     eager = Entry("eager", reference, reference)
     want = gradients(workload, eager, inputs)
     entries = [eager, compiled("compiled", fresh())]
-    entries += [compiled(f"compile-{b:g}", fresh(), b) for b in COMPILE_BUDGETS]
+    entries += [compiled(f"compile-{b:g}", fresh(), b) for b in budgets]
     rebuild: list[tuple[Entry, Callable[[], torch.nn.Module]]] = [(e, fresh) for e in entries[1:]]
     for entry in entries:
         budget = entry.row.get("memory_budget")
@@ -291,12 +317,14 @@ def run_model(path: Path, rounds: int, pairs: int) -> list[dict[str, Any]]:
             measure(workload, entry, inputs, want)
     planned = []
     margin = get_device("cpu", compiled=True).margin_percent
-    for budget_entry in entries[2 : 2 + len(COMPILE_BUDGETS)]:
+    for budget_entry in entries[2 : 2 + len(budgets)]:
         point = budget_entry.row["peak_bytes"]
         tag = f"@{budget_entry.name}"
-        runs = [("auto", True, point, ""), ("auto", False, point, ""), ("dp", False, point, "")]
-        # The least budget whose aim, the margin held back, admits the point's peak.
-        runs.append(("auto", True, math.ceil(point / (1 - margin / 100)), "+margin"))
+        runs = [("auto", True, point, "")]
+        if not lean:
+            runs += [("auto", False, point, ""), ("dp", False, point, "")]
+            # The least budget whose aim, the margin held back, admits the point's peak.
+            runs.append(("auto", True, math.ceil(point / (1 - margin / 100)), "+margin"))
         for solver, compile_plan, budget, suffix in runs:
             base = "ckptplan-compiled" if compile_plan else f"eager-{solver}"
             name = f"{base}{tag}{suffix}"
@@ -308,14 +336,16 @@ def run_model(path: Path, rounds: int, pairs: int) -> list[dict[str, Any]]:
             model = ckptplan.apply(fresh(), plan)
             entry = compiled(name, model) if compile_plan else Entry(name, model, model)
             entry.row.update(
-                budget_bytes=budget, predicted_peak_bytes=plan.predicted.fake_run_peak_bytes
+                budget_bytes=budget,
+                predicted_peak_bytes=plan.predicted.fake_run_peak_bytes,
+                predicted_overhead=plan.predicted.overhead,
             )
             with inductor_config.patch(fallback_random=True):
                 measure(workload, entry, inputs, want)
             entries.append(entry)
             if compile_plan:
                 rebuild.append((entry, lambda plan=plan: ckptplan.apply(fresh(), plan)))
-    if hasattr(reference, "activation_checkpointing_enable"):
+    if hasattr(reference, "activation_checkpointing_enable") and not lean:
         model = fresh()
         model.activation_checkpointing_enable({"use_reentrant": False})
         entry = Entry("hf-full", model, model)
@@ -337,11 +367,18 @@ def run_model(path: Path, rounds: int, pairs: int) -> list[dict[str, Any]]:
     )
     eager64 = fresh().double()
     want64 = gradients(workload, Entry("eager", eager64, eager64), inputs64)
-    for entry, build in rebuild:
+    # Without dropout, float32 tells a wrong gradient (order one) from inductor's rounding:
+    # within ten times the compiled unchecked step's own error.
+    rounding = 10 * named(entries, "compiled").row["grad_rel_error"] + 1e-6
+    for entry, build in [] if lean else rebuild:
         float64_error(workload, entry, build(), inputs64, want64)
     for verdict in judged:
-        point = next(e for e in entries if verdict["strategy"] == f"verdict@{e.name}")
-        verdict["point_gradients_correct"] = point.row["grad_rel_error_float64"] <= 1e-6
+        point = named(entries, verdict["strategy"].removeprefix("verdict@"))
+        verdict["point_gradients_correct"] = (
+            point.row["grad_rel_error"] <= rounding
+            if lean
+            else point.row["grad_rel_error_float64"] <= 1e-6
+        )
     rows = []
     for entry in entries:
         row = dict(entry.row, model=path.stem)
@@ -349,45 +386,20 @@ def run_model(path: Path, rounds: int, pairs: int) -> list[dict[str, Any]]:
         if log is not None:
             row["saved_bytes"] = log.saved_bytes
             row["graphs"] = log.compiled_graphs
+            row["graph_breaks"] = log.graph_breaks
+        if row.get("predicted_overhead") is not None and "time_vs_compiled" in row:
+            row["measured_overhead"] = round(row["time_vs_compiled"] - 1, 4)
         rows.append(row)
     return rows + planned + judged
 
 
-def plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
-    import matplotlib
+def named(entries: list[Entry], name: str) -> Entry:
+    return next(e for e in entries if e.name == name)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    models = sorted(results)
-    fig, axes = plt.subplots(1, len(models), figsize=(4 * len(models), 3.6), squeeze=False)
-    styles = {
-        "compile": ("^", "tab:red"),
-        "ckptplan": ("o", "tab:blue"),
-        "eager": ("s", "tab:gray"),
-    }
-    for ax, model in zip(axes[0], models, strict=True):
-        for row in results[model]:
-            if "peak_bytes" not in row:
-                continue
-            family = row["strategy"].split("-")[0]
-            marker, colour = styles.get(family, ("x", "black"))
-            ax.scatter(row["peak_bytes"] / 2**20, row["time_vs_eager"], marker=marker, c=colour)
-        ax.set_title(model)
-        ax.set_xlabel("measured peak (MiB, CPU allocator)")
-        ax.set_ylabel("step time / eager unchecked")
-    handles = [
-        plt.Line2D([], [], marker=m, color=c, linestyle="", label=label)
-        for label, (m, c) in (
-            ("torch.compile memory budget", styles["compile"]),
-            ("ckptplan --compile", styles["ckptplan"]),
-            ("eager (unchecked, auto, dp)", styles["eager"]),
-        )
-    ]
-    fig.legend(handles=handles, loc="lower center", ncol=3)
-    fig.suptitle("Measured peak and step time, CPU, one thread, dropout on")
-    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
-    fig.savefig(path)
+def load() -> str:
+    """The machine's load as ``uptime`` puts it: other jobs share these cores."""
+    return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
 
 
 def main() -> None:
@@ -404,7 +416,12 @@ def main() -> None:
     for name in args.models:
         path = ROOT / name
         print(f"{path.stem}: measuring", flush=True)
-        results[path.stem] = run_model(path, args.rounds, args.pairs)
+        before = load()
+        rows = run_model(path, args.rounds, args.pairs)
+        rows.append(
+            {"strategy": "machine", "threads": 1, "uptime_before": before, "uptime_after": load()}
+        )
+        results[path.stem] = rows
         torch._dynamo.reset()
         RESULTS.write_text(json.dumps(results, indent=1) + "\n")
     plot(results, RESULTS.with_suffix(".png"))
