@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 from torch.utils.checkpoint import SAC_IGNORED_OPS, CheckpointPolicy
 
-from ckptplan.applying.policy import Choices, OpCalls
+from ckptplan.applying.policy import OFFLOAD, Choices, OpCalls
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class _OffloadingForward(TorchDispatchMode):
         choice, index = self.choices(func, recompute=False)
         if choice is CheckpointPolicy.MUST_SAVE:
             self.cache[func, index] = tree_map_only(torch.Tensor, _keep, out)
-        elif choice is CheckpointPolicy.MUST_CPU_OFFLOAD:
+        elif choice is OFFLOAD:
             self.cache[func, index] = tree_map_only(torch.Tensor, _to_host, out)
         return out
 
