@@ -236,9 +236,7 @@ def show_sweep(result: Any, console: Console, budget: int | None = None) -> None
             row.append("" if judged is None else "✓" if judged <= budget else "✗")
         table.add_row(*row)
     console.print(table)
-    console.print(f"[dim]{result.caption()}[/]")
-    if result.measured:
-        console.print(f"[dim]{SPREAD_NOTE}[/]")
+    console.print(f"[dim]{result.caption()}[/]")  # with what the spread is
 
 
 def show_gap(report: Any, console: Console) -> None:

@@ -103,7 +103,7 @@ def sweep_figure(result: Sweep, budget: int | None = None) -> Any:
 
     peaks = [p.predicted_peak_bytes or p.measured_peak_bytes or 0 for p in result.points]
     unit = ByteUnit.of(*peaks, budget)
-    figure, axes = plt.subplots(figsize=(7.5, 5))
+    figure, axes = plt.subplots(figsize=(9.5, 5))
     families: dict[str, list[SweepPoint]] = {}
     for p in result.points:
         families.setdefault(_family(p.strategy), []).append(p)
@@ -166,7 +166,7 @@ def sweep_figure(result: Sweep, budget: int | None = None) -> Any:
     axes.set_ylabel("recompute overhead (% of the unchecked step time)")
     axes.set_title(f"{result.model}: overhead against peak memory, {what}")
     axes.grid(alpha=0.3)
-    axes.legend(fontsize=8)
+    axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # off the points
     figure.text(0.01, 0.01, result.caption(), fontsize=7, wrap=True)
     figure.tight_layout(rect=(0, 0.05, 1, 1))
     return figure
