@@ -61,12 +61,8 @@ from ckptplan.applying.tensors import training_conventions
 from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError
 from ckptplan.loading import Workload, call_model, load_model_file
-from ckptplan.planning.compiled import (
-    CompiledModel,
-    Partition,
-    counting_breaks,
-    inductor_backend,
-)
+from ckptplan.planning.compiled import CompiledModel, Partition, inductor_backend
+from ckptplan.planning.graphbreaks import counting_breaks
 from ckptplan.profiling.memtrack import keep_freed_host_memory, storage_bytes
 from ckptplan.profiling.training import make_optimizer, persistent_tensors
 from ckptplan.verifying.allocmeter import allocator_peak

@@ -48,7 +48,7 @@ class Partition:
     compiled_graphs: int = 0
     """Forward graphs compiled: one per dynamo graph, more after a recompilation."""
     graph_breaks: int = 0
-    """Graph breaks while compiling (``counting_breaks``): where dynamo split a frame's graph,
+    """Graph breaks while compiling (``planning.graphbreaks``): where dynamo split a frame's graph,
     and frames it ran eagerly whole after a break it could not resume from (in a loop)."""
     lowered_graphs: int = 0
     """Graphs, forward and backward, whose memory was read from inductor's lowering
@@ -74,23 +74,6 @@ class Partition:
             "saved_bytes": self.saved_bytes,
             "saved": [[[list(shape), dtype] for shape, dtype in g] for g in self.saved],
         }
-
-
-@contextmanager
-def counting_breaks(log: Partition) -> Iterator[None]:
-    """Adds the graph breaks dynamo counts while the block runs to ``log.graph_breaks``: the
-    one place ckptplan reads dynamo's private counters. A frame skipped whole after a break
-    (in a loop, where dynamo cannot resume) is counted as unimplemented, not as a break."""
-    from torch._dynamo.utils import counters
-
-    def total() -> int:
-        return sum(sum(counters[kind].values()) for kind in ("graph_break", "unimplemented"))
-
-    before = total()
-    try:
-        yield
-    finally:
-        log.graph_breaks += total() - before
 
 
 def saved_tensors(backward: torch.fx.GraphModule) -> Iterator[tuple[tuple[int, ...], str]]:

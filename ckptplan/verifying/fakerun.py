@@ -18,12 +18,8 @@ from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError, raised_by_ckptplan
 from ckptplan.loading import Workload, build_fake
 from ckptplan.plan import Plan
-from ckptplan.planning.compiled import (
-    CompiledModel,
-    Partition,
-    counting_breaks,
-    partitioning_backend,
-)
+from ckptplan.planning.compiled import CompiledModel, Partition, partitioning_backend
+from ckptplan.planning.graphbreaks import counting_breaks
 from ckptplan.profiling.everyblock import EveryBlockRuns
 from ckptplan.profiling.fakepaths import real_step_paths
 from ckptplan.profiling.memtrack import CompiledStepTracker, LiveStorageTracker
