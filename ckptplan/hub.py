@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
@@ -164,7 +164,7 @@ class HubModel:
         batch = batch_size or self.default_batch_size
         config, task = self.config, self.resolved_task
         if task == "image-classification":
-            size = self.image_size or getattr(config, "image_size", 224)
+            size = self.image_size or int(getattr(config, "image_size", 224))
             channels = getattr(config, "num_channels", 3)
             return {
                 "pixel_values": torch.randn(batch, channels, size, size),
@@ -232,7 +232,7 @@ def _hub_config(repo_id: str, name: str) -> str:
     raise CkptplanError(f"{name}: {problem}; {fix}") from None
 
 
-def _recorded_shape(leaf: Any, dims: int) -> bool:
+def _recorded_shape(leaf: Any, dims: int) -> TypeGuard[list[Any]]:
     """Whether ``leaf`` is a plan's record ``[shape, dtype]`` of a ``dims``-d tensor."""
     return (
         isinstance(leaf, list)
