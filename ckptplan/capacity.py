@@ -79,7 +79,8 @@ class FitPoint:
         if not regions:
             return "no checkpointing"
         covered = sum(len(r.modules) for r in regions)
-        text = f"{len(regions)} regions over {covered} of {len(self.plan.blocks)} blocks"
+        count = f"{len(regions)} region{'s' if len(regions) > 1 else ''}"
+        text = f"{count} over {covered} of {len(self.plan.blocks)} blocks"
         selective = [r for r in regions if r.policy is not None]
         if selective:
             text += f", {len(selective)} selective"
