@@ -16,22 +16,30 @@ How ``solve`` proves things, from the broadest claim to the narrowest:
 * ``RematSchedule.lower_bound``: Checkmate's stage model (stage ``t`` recomputes some earlier
   nodes in the order ``T`` and ends with the first computation of ``T[t]``), solved by CP-SAT;
   "optimal" without the first kind of proof means optimal within this model.
+
+This module holds the answer and the search's order of play. The instance and its reading are
+in ``remat_problem``; the indexed graph and stage schedules in ``remat_graph``; the heuristic
+schedules in ``remat_heuristics``; the covering bound and the stage model in ``remat_cpsat``.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from fractions import Fraction
-from pathlib import Path
 
-import networkx as nx
-
-from ckptplan.solvers import remat_engine as engine
+from ckptplan.solvers import remat_cpsat as cpsat
+from ckptplan.solvers import remat_heuristics as heuristics
+from ckptplan.solvers.remat_graph import IndexedGraph, Stages, cost_of, peak_of
+from ckptplan.solvers.remat_problem import (
+    RematNode,
+    RematProblem,
+    load_instance,
+    topological_order,
+)
 
 __all__ = [
     "RematNode",
@@ -51,53 +59,6 @@ __all__ = [
 #: building and presolving it would eat the time limit. They get the heuristic schedules and
 #: the covering bound.
 MAX_STAGE_MODEL_BOOLEANS = 200_000
-
-
-@dataclass(frozen=True)
-class RematNode:
-    """One op: ``cost`` to compute it once, ``mem`` bytes for its single output."""
-
-    id: int
-    cost: int
-    mem: int
-    name: str = ""
-
-
-@dataclass(frozen=True)
-class RematProblem:
-    """A DAG of ops; an edge ``(u, v)`` means ``v`` reads the output of ``u``."""
-
-    nodes: tuple[RematNode, ...]
-    edges: tuple[tuple[int, int], ...]
-    name: str = ""
-
-    def __post_init__(self) -> None:
-        ids = [node.id for node in self.nodes]
-        if len(set(ids)) != len(ids):
-            raise ValueError("node ids are not unique")
-        for node in self.nodes:
-            if node.cost < 0 or node.mem < 0:
-                raise ValueError(f"node {node.id} has a negative cost or size")
-        known = set(ids)
-        for u, v in self.edges:
-            if u not in known or v not in known:
-                raise ValueError(f"edge ({u}, {v}) names an unknown node")
-            if u == v:
-                raise ValueError(f"edge ({u}, {v}) is a self-loop")
-        if not nx.is_directed_acyclic_graph(self.graph()):
-            raise ValueError("the graph has a cycle")
-
-    def graph(self) -> nx.DiGraph:
-        """The networkx view, nodes and edges inserted in the problem's order."""
-        g = nx.DiGraph()
-        g.add_nodes_from(node.id for node in self.nodes)
-        g.add_edges_from(self.edges)
-        return g
-
-    @property
-    def total_cost(self) -> int:
-        """Cost of computing every node exactly once: the baseline of the overhead."""
-        return sum(node.cost for node in self.nodes)
 
 
 class Status(str, Enum):
@@ -140,79 +101,19 @@ class RematSchedule:
         return self.cost / self.total_cost - 1
 
 
-def load_instance(path: str | Path) -> RematProblem:
-    """Read a node-link JSON instance (Checkmate or random-layered spelling).
-
-    Node costs come from ``cost_cpu`` or ``duration``, sizes from ``cost_ram`` or ``out_cost``;
-    links are keyed ``source``/``target`` or ``"0"``/``"1"``. Raises ``ValueError`` (naming the
-    problem) on malformed content and ``OSError`` when the file cannot be read.
-    """
-    text = Path(path).read_text()
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
-        raise ValueError(f"{path} has no 'nodes' list (expected networkx node-link JSON)")
-    links = data.get("links", data.get("edges"))
-    if not isinstance(links, list):
-        raise ValueError(f"{path} has no 'links' list (expected networkx node-link JSON)")
-    nodes = [_read_node(raw, i) for i, raw in enumerate(data["nodes"])]
-    edges = [_read_link(raw, i) for i, raw in enumerate(links)]
-    graph = data.get("graph")
-    name = str(graph.get("name", "")) if isinstance(graph, dict) else ""
-    return RematProblem(nodes=tuple(nodes), edges=tuple(edges), name=name or Path(path).stem)
-
-
-def _field(raw: dict, names: Sequence[str], what: str) -> int:
-    for name in names:
-        if name in raw:
-            value = raw[name]
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"{what}: {name!r} is not a number")
-            if value != int(value):
-                raise ValueError(f"{what}: {name!r} is not an integer")
-            return int(value)
-    raise ValueError(f"{what} has none of {', '.join(repr(n) for n in names)}")
-
-
-def _read_node(raw: object, i: int) -> RematNode:
-    if not isinstance(raw, dict):
-        raise ValueError(f"node #{i} is not an object")
-    what = f"node #{i}"
-    return RematNode(
-        id=_field(raw, ["id"], what),
-        cost=_field(raw, ["cost_cpu", "duration"], what),
-        mem=_field(raw, ["cost_ram", "out_cost"], what),
-        name=str(raw.get("name", "")),
-    )
-
-
-def _read_link(raw: object, i: int) -> tuple[int, int]:
-    if not isinstance(raw, dict):
-        raise ValueError(f"link #{i} is not an object")
-    what = f"link #{i}"
-    return _field(raw, ["source", "0"], what), _field(raw, ["target", "1"], what)
-
-
-def topological_order(problem: RematProblem) -> list[int]:
-    """``networkx.topological_sort`` of the problem's graph: the order ``T`` budgets refer to."""
-    return list(nx.topological_sort(problem.graph()))
-
-
 def peak_without_recomputation(problem: RematProblem, order: Sequence[int] | None = None) -> int:
     """Peak memory of running ``order`` (default ``T``) once, freeing outputs after their last
     read: the ``peak(T)`` that budgets are relative to."""
     g = _indexed(problem, order)
-    return engine.peak_of(g, [list(range(g.n))])
+    return peak_of(g, [list(range(g.n))])
 
 
-def _indexed(problem: RematProblem, order: Sequence[int] | None) -> engine.IndexedGraph:
+def _indexed(problem: RematProblem, order: Sequence[int] | None) -> IndexedGraph:
     order = topological_order(problem) if order is None else list(order)
     by_id = {node.id: node for node in problem.nodes}
     if len(order) != len(by_id) or set(order) != set(by_id):
         raise ValueError("order must list every node exactly once")
-    return engine.IndexedGraph(
+    return IndexedGraph(
         order, [by_id[v].cost for v in order], [by_id[v].mem for v in order], problem.edges
     )
 
@@ -262,11 +163,11 @@ def greedy_schedule(
     Several eviction rules and a depth-first variant are tried; the cheapest schedule wins.
     """
     g = _indexed(problem, order)
-    stages, _ = engine.heuristic_schedules(g, budget, set(), time.perf_counter() + time_limit_s)
+    stages, _ = heuristics.heuristic_schedules(g, budget, set(), time.perf_counter() + time_limit_s)
     return None if stages is None else _ids(g, stages)
 
 
-def _ids(g: engine.IndexedGraph, stages: engine.Stages) -> list[int]:
+def _ids(g: IndexedGraph, stages: Stages) -> list[int]:
     return [g.ids[k] for stage in stages for k in stage]
 
 
@@ -309,8 +210,8 @@ def solve(
         cost = peak = gap = None
         if order is not None:
             steps = [[index[v] for v in order]]
-            cost = engine.cost_of(g, steps)
-            peak = engine.peak_of(g, steps)
+            cost = cost_of(g, steps)
+            peak = peak_of(g, steps)
             gap = max(0.0, (cost - base - bound) / cost) if cost else 0.0
         return RematSchedule(
             status=status,
@@ -336,10 +237,10 @@ def solve(
             f"budget {budget} is below the memory "
             f"lower bound {floor}: some op's output and inputs cannot fit",
         )
-    if engine.peak_of(g, [list(range(g.n))]) <= budget:
+    if peak_of(g, [list(range(g.n))]) <= budget:
         return answer(Status.OPTIMAL, list(g.ids), 0, 0, "fits without recomputation")
-    other = _indexed(problem, [g.ids[k] for k in engine.low_memory_order(g)])
-    other_peak = engine.peak_of(other, [list(range(other.n))])
+    other = _indexed(problem, [g.ids[k] for k in heuristics.low_memory_order(g)])
+    other_peak = peak_of(other, [list(range(other.n))])
     if other_peak <= budget:
         return answer(
             Status.OPTIMAL,
@@ -349,17 +250,17 @@ def solve(
             "fits without recomputation in another topological order",
         )
 
-    relaxed, drops = engine.order_bound(g, budget, (deadline - time.perf_counter()) / 4, workers)
+    relaxed, drops = cpsat.order_bound(g, budget, (deadline - time.perf_counter()) / 4, workers)
     quick = time.perf_counter() + max(0.0, deadline - time.perf_counter()) / 4
-    best, staged = engine.heuristic_schedules(g, budget, drops, quick)
+    best, staged = heuristics.heuristic_schedules(g, budget, drops, quick)
     found = [_ids(g, s) for s in (best, staged) if s is not None]
-    if other_peak < engine.peak_of(g, [list(range(g.n))]):
-        alternative, _ = engine.heuristic_schedules(other, budget, set(), quick)
+    if other_peak < peak_of(g, [list(range(g.n))]):
+        alternative, _ = heuristics.heuristic_schedules(other, budget, set(), quick)
         if alternative is not None:
             found.append(_ids(other, alternative))
 
     def extra(order: list[int]) -> int:
-        return engine.cost_of(g, [[index[v] for v in order]]) - base
+        return cost_of(g, [[index[v] for v in order]]) - base
 
     def verdict(order: list[int], bound: int, proven: bool, reason: str) -> RematSchedule:
         """Status of the cheapest schedule against the T-first bound and the stage bound."""
@@ -397,7 +298,7 @@ def solve(
 
     if found and min(map(extra, found)) <= relaxed:
         return verdict(min(found, key=extra), relaxed, False, "")
-    if engine.stage_model_size(g) > MAX_STAGE_MODEL_BOOLEANS:
+    if cpsat.stage_model_size(g) > MAX_STAGE_MODEL_BOOLEANS:
         if not found:
             return answer(
                 Status.UNKNOWN,
@@ -412,7 +313,7 @@ def solve(
             False,
             "heuristic schedule; graph too large for the stage model",
         )
-    outcome = engine.improve(g, budget, staged, relaxed, deadline, workers)
+    outcome = cpsat.improve(g, budget, staged, relaxed, deadline, workers)
     if outcome.stages is not None:
         found.append(_ids(g, outcome.stages))
     if found:
