@@ -6,6 +6,7 @@ the unplanned gradients, and a kernelized copy of the hub function still runs co
 from __future__ import annotations
 
 import copy
+import pickle
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -60,6 +61,7 @@ def test_planned_llama_compiles_into_the_unplanned_graphs(model_file) -> None:
     assert (checked.graph_count, checked.graph_break_count) == (plain.graph_count, 0)
 
 
+@pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
 def test_planned_llama_compiled_has_the_unplanned_gradients(model_file) -> None:
     reference, planned, inputs = built(model_file)
     loss_of(model_file, reference, inputs).backward()
@@ -68,6 +70,7 @@ def test_planned_llama_compiled_has_the_unplanned_gradients(model_file) -> None:
         assert torch.allclose(want.grad, got.grad, atol=1e-6, rtol=0), name
 
 
+@pytest.mark.slow
 def test_a_kernelized_hub_copy_still_runs_compiled(model_file) -> None:
     """``kernels.kernelize`` replaces a copy's ``forward``; compiled, the planned layer must
     still route the hub function to it (here a copy that doubles its outputs)."""
@@ -86,3 +89,10 @@ def test_a_kernelized_hub_copy_still_runs_compiled(model_file) -> None:
     compiled = loss_of(model_file, torch.compile(planned, backend="aot_eager"), inputs)
     assert len(calls) == 2  # once eager, once traced
     assert torch.allclose(eager, compiled, atol=1e-5, rtol=0)
+
+
+def test_copies_of_a_planned_llama_resolve_their_own_layers(model_file) -> None:
+    _, planned, _ = built(model_file)
+    for twin in (copy.deepcopy(planned), pickle.loads(pickle.dumps(planned))):
+        attention = twin.get_submodule("model.layers.2.self_attn")
+        assert attention.forward.module is attention
