@@ -17,7 +17,7 @@ ALLOWED_PREFIXES = ("torch.utils._pytree", "torch.ops.")
 KEPT = {
     "torch.utils._python_dispatch.TorchDispatchMode": (
         "eager offload caches op outputs at dispatch, and TorchDispatchMode has no public home "
-        "(torch 2.5 to 2.14; torch's docs import it from here): ckptplan/applying/offload.py"
+        "(torch 2.11 to 2.14; torch's docs import it from here): ckptplan/applying/offload.py"
     ),
     "torch.autograd.Variable._execution_engine": (
         "the first backward's report runs at the end of the backward (queue_callback), which "

@@ -6,7 +6,7 @@ these caching dispatch modes instead of torch's selective-checkpoint contexts (u
 ``torch.compile`` the partitioner takes the policy itself). What the policy saves is cached too,
 with its version, so an in-place change since forward is refused rather than used.
 
-Two names here are torch's own and not in its public API, for want of one (torch 2.5 to 2.14):
+Two names here are torch's own and not in its public API, for want of one (torch 2.11 to 2.14):
 ``TorchDispatchMode``, whose only home is ``torch.utils._python_dispatch`` (torch's "Extending
 PyTorch" notes and ``torch.library`` name it there), and ``Tensor._version``, the version
 counter torch's own selective checkpoint checks its cached outputs by. A plan without offload
@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 from torch.utils.checkpoint import SAC_IGNORED_OPS, CheckpointPolicy
 
-from ckptplan.applying.policy import OFFLOAD, Choices, OpCalls
+from ckptplan.applying.policy import Choices, OpCalls
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class _OffloadingForward(TorchDispatchMode):
         choice, index = self.choices(func, recompute=False)
         if choice is CheckpointPolicy.MUST_SAVE:
             self.cache[func, index] = tree_map_only(torch.Tensor, _keep, out)
-        elif choice is OFFLOAD:
+        elif choice is CheckpointPolicy.MUST_CPU_OFFLOAD:
             self.cache[func, index] = tree_map_only(torch.Tensor, _to_host, out)
         return out
 

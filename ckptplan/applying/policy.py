@@ -17,10 +17,6 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 
 OpCalls = tuple[tuple[str, int | None], ...]
 """A policy's op calls: ``(namespace.op.overload, k)``, k None for every call."""
-OFFLOAD: Any = getattr(CheckpointPolicy, "MUST_CPU_OFFLOAD", "offload")
-"""The choice for an op call the policy offloads: torch's ``MUST_CPU_OFFLOAD``, which
-``torch.compile``'s partitioner takes, where torch has it (2.6 has not); else a label that only
-ckptplan's eager offload (``ckptplan.applying.offload``) reads."""
 
 
 def op_overload(name: str) -> Any:
@@ -38,18 +34,18 @@ def _resolved(calls: OpCalls) -> tuple[frozenset[Any], frozenset[tuple[Any, int]
 
 
 class Choices:
-    """What a region's policy does with each op call: ``MUST_SAVE``, ``OFFLOAD`` or
+    """What a region's policy does with each op call: ``MUST_SAVE``, ``MUST_CPU_OFFLOAD`` or
     ``PREFER_RECOMPUTE``. Calls are counted per overload, separately in forward and recompute,
     so a recomputed call is told what its forward call was."""
 
     def __init__(self, saves: OpCalls, offloads: OpCalls = ()) -> None:
         self.named = (
             (CheckpointPolicy.MUST_SAVE, _resolved(saves)),
-            (OFFLOAD, _resolved(offloads)),
+            (CheckpointPolicy.MUST_CPU_OFFLOAD, _resolved(offloads)),
         )
         self.counts: dict[bool, Counter[Any]] = {False: Counter(), True: Counter()}
 
-    def __call__(self, func: Any, recompute: bool) -> tuple[Any, int]:
+    def __call__(self, func: Any, recompute: bool) -> tuple[CheckpointPolicy, int]:
         """The choice for this call of ``func``, and which call of it this is."""
         seen = self.counts[recompute]
         index = seen[func]
@@ -66,11 +62,6 @@ def selective_contexts(saves: OpCalls, offloads: OpCalls = ()) -> tuple[Any, Any
     A plain function under ``functools.partial``, the ``context_fn`` form that both pickling and
     ``torch.compile`` accept.
     """
-    if offloads and not isinstance(OFFLOAD, CheckpointPolicy):
-        raise RuntimeError(
-            "ckptplan: offload under torch.compile needs torch's "
-            f"CheckpointPolicy.MUST_CPU_OFFLOAD, which torch {torch.__version__} lacks"
-        )
     choices = Choices(saves, offloads)
 
     def decide(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:

@@ -91,7 +91,7 @@ class Reporter:
     def _on_gradient(self, grad: torch.Tensor) -> None:
         if not self.queued and not self.done:
             self.queued = True
-            # Private, for want of a public route (torch 2.6 to 2.14): only the engine's
+            # Private, for want of a public route (torch 2.11 to 2.14): only the engine's
             # callback runs at the end of the backward. A multi-grad hook on the parameters
             # would never fire under FSDP2, whose sharded parameters get no autograd gradient.
             torch.autograd.Variable._execution_engine.queue_callback(self._report)
