@@ -90,3 +90,15 @@ def test_design_indexes_every_note() -> None:
                 if row not in index:
                     missing.append(row)
     assert not missing, "docs/design.md's index of Notes lacks:\n" + "\n".join(missing)
+
+
+def test_cli_reference_lists_every_command_in_workflow_order() -> None:
+    """mkdocs-click sorts a group's commands by name, so the page renders each on its own, in
+    the order ``ckptplan --help`` lists them."""
+    import click
+
+    from ckptplan.cli.main import cli
+
+    page = (DOCS / "reference" / "cli.md").read_text()
+    rendered = re.findall(r":prog_name: ckptplan (\w+)", page)
+    assert rendered == cli.list_commands(click.Context(cli))
