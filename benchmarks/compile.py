@@ -63,9 +63,9 @@ from ckptplan.errors import CkptplanError
 from ckptplan.loading import Workload, call_model, load_model_file
 from ckptplan.planning.compiled import CompiledModel, Partition, inductor_backend
 from ckptplan.planning.graphbreaks import counting_breaks
+from ckptplan.profiling.allocmeter import allocator_peak
 from ckptplan.profiling.memtrack import keep_freed_host_memory, storage_bytes
 from ckptplan.profiling.training import make_optimizer, persistent_tensors
-from ckptplan.verifying.allocmeter import allocator_peak
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "compile.json"

@@ -25,10 +25,10 @@ from rich.console import Console
 import ckptplan
 from ckptplan.cli.report import show_sweep
 from ckptplan.loading import load_model_file
-from ckptplan.planning.sweep import SweepOptions, SweepPoint, sweep
-from ckptplan.planning.sweep_plot import save_plot
 from ckptplan.profiling.memtrack import keep_freed_host_memory
 from ckptplan.profiling.profiler import Settings
+from ckptplan.verifying.sweep import SweepOptions, SweepPoint, sweep
+from ckptplan.verifying.sweep_plot import save_plot
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"

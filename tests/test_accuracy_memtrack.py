@@ -18,9 +18,9 @@ from ckptplan.budget import ResolvedBudget
 from ckptplan.loading import load_model_file
 from ckptplan.planning.problem import to_chain
 from ckptplan.planning.schedule_plan import plan_from_schedule
+from ckptplan.profiling.allocmeter import allocator_peak
 from ckptplan.profiling.memtrack import _UNREDUCED_LOSSES, LiveStorageTracker
 from ckptplan.solvers import run_solver
-from ckptplan.verifying.allocmeter import allocator_peak
 from ckptplan.verifying.fakerun import fake_run_peak
 from ckptplan.verifying.verification import verify_plan
 from tests.conftest import MODELS

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 import ckptplan
+from ckptplan.profiling.allocmeter import allocator_peak
 from ckptplan.profiling.memtrack import LiveStorageTracker, rng_states_counted
 from ckptplan.profiling.workspace import Workspaces
-from ckptplan.verifying.allocmeter import allocator_peak
 from tests.conftest import ROOT
 
 

@@ -387,8 +387,8 @@ def test_sweep_verify_measures_torch_compiles_budget_beside_the_plans(tiny_gpt) 
     """``sweep --verify`` measured none of compile's budgets ('dict' object has no attribute
     'dtype', logged and skipped)."""
     from ckptplan.api import load_workload
-    from ckptplan.planning.sweep import SweepOptions, sweep
     from ckptplan.profile_types import Settings
+    from ckptplan.verifying.sweep import SweepOptions, sweep
 
     options = SweepOptions(points=2, every=(), verify=True, repeats=1, compile_budgets=(0.5,))
     result = sweep(load_workload(tiny_gpt), Settings(batch_size=2), options)

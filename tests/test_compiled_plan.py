@@ -22,9 +22,9 @@ import ckptplan
 from ckptplan.loading import load_model_file
 from ckptplan.plan import Plan
 from ckptplan.planning.compiled import CompiledModel, Partition, inductor_backend
+from ckptplan.profiling.allocmeter import allocator_peak
 from ckptplan.profiling.memtrack import storage_bytes
 from ckptplan.profiling.training import make_optimizer, persistent_tensors
-from ckptplan.verifying.allocmeter import allocator_peak
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)

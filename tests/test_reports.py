@@ -18,10 +18,10 @@ import ckptplan
 from ckptplan.cli.regions import regions_words
 from ckptplan.cli.report import show_plan, show_sweep, show_verification
 from ckptplan.plan import Region
-from ckptplan.planning.sweep import Sweep, SweepPoint
 from ckptplan.policy_types import OpCall, Policy
 from ckptplan.profile_types import Settings
 from ckptplan.quietlogs import fake_run_logs_quieted, library_noise_quieted
+from ckptplan.verifying.sweep import Sweep, SweepPoint
 from ckptplan.verifying.verification import Verification
 from ckptplan.wording import ByteUnit
 
@@ -131,7 +131,7 @@ def test_the_sweep_plot_marks_the_chosen_plan_and_draws_the_spread(tmp_path) -> 
     import matplotlib.pyplot as plt
     from matplotlib.container import ErrorbarContainer
 
-    from ckptplan.planning.sweep_plot import CHOSEN_LABEL, save_plot, sweep_figure
+    from ckptplan.verifying.sweep_plot import CHOSEN_LABEL, save_plot, sweep_figure
 
     result = frontier()
     figure = sweep_figure(result, budget=300 * MiB)
@@ -162,7 +162,7 @@ def test_the_sweep_plot_marks_the_chosen_plan_and_draws_the_spread(tmp_path) -> 
 
 
 def test_the_sweep_table_shows_the_spread_in_one_unit() -> None:
-    from ckptplan.planning.sweep_plot import CHOSEN_LABEL, terminal_plot
+    from ckptplan.verifying.sweep_plot import CHOSEN_LABEL, terminal_plot
 
     text = rendered(lambda result, console: show_sweep(result, console, 300 * MiB), frontier())
     assert "+11.0% ± 2.0%" in text and "timed runs per point" in text, text

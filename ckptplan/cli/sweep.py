@@ -76,9 +76,9 @@ def sweep_command(
     from ckptplan.api import load_workload, settings_of
     from ckptplan.budget import parse_budget
     from ckptplan.cli.report import show_sweep
-    from ckptplan.planning.sweep import SweepOptions, sweep
-    from ckptplan.planning.sweep import save_plans as write_plans
-    from ckptplan.planning.sweep_plot import save_plot, terminal_plot
+    from ckptplan.verifying.sweep import SweepOptions, sweep
+    from ckptplan.verifying.sweep import save_plans as write_plans
+    from ckptplan.verifying.sweep_plot import save_plot, terminal_plot
 
     for path in plots:
         writable_destination(path, "--plot")

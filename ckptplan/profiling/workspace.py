@@ -21,7 +21,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ckptplan.profiling import rnn
-from ckptplan.verifying.allocmeter import allocator_peak
+from ckptplan.profiling.allocmeter import allocator_peak
 
 aten = torch.ops.aten
 WORKSPACE_OPS = frozenset(

@@ -3,7 +3,7 @@ optimizer step, the optimizer state already created), by the device's allocator 
 profiler's live-storage tracker.
 
 On CUDA the allocator's figure is ``torch.cuda.max_memory_allocated``; on CPU it is the
-allocator's own event stream (``ckptplan.verifying.allocmeter``) plus the bytes that persist across
+allocator's own event stream (``ckptplan.profiling.allocmeter``) plus the bytes that persist across
 steps. The tracker's figure is the one the fake run, on fake tensors, can take: beside the
 allocator's it shows what the tracker misses.
 """
@@ -19,6 +19,7 @@ import torch
 from ckptplan.applying.tensors import input_tensors
 from ckptplan.callerstate import seed_all
 from ckptplan.loading import Workload, call_model
+from ckptplan.profiling.allocmeter import allocator_peak
 from ckptplan.profiling.memtrack import (
     LiveStorageTracker,
     gradients_counted,
@@ -31,7 +32,6 @@ from ckptplan.profiling.training import (
     persistent_tensors,
 )
 from ckptplan.profiling.workspace import Workspaces
-from ckptplan.verifying.allocmeter import allocator_peak
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The frontier of a sweep (``ckptplan.planning.sweep``) drawn: a scatter for the terminal
+"""The frontier of a sweep (``ckptplan.verifying.sweep``) drawn: a scatter for the terminal
 and a matplotlib figure (PNG or SVG), each strategy in its own marker, auto's best plan within
 the budget marked, measured points with the spread of their timed runs."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ckptplan.errors import CkptplanError
-from ckptplan.planning.sweep import Sweep, SweepPoint
+from ckptplan.verifying.sweep import Sweep, SweepPoint
 from ckptplan.wording import ByteUnit
 
 
