@@ -6,6 +6,9 @@ global generator inside ``ckptplan.solve`` would change the random stream of the
 script that called it, so each public entry point runs under a fork of the generators it may
 touch: the CPU's, and those of the CUDA devices already initialised (forking every device
 would initialise CUDA on all of them, a context per GPU on every rank of a launched job).
+The generators are the process's, so a fork is held under ``patching``'s lock (Note
+[process-wide patches]): two threads that plan at once take turns, and neither puts back the
+other's seeded state as the caller's.
 
 glibc's malloc tuning for steady CPU step times (``memtrack.keep_freed_host_memory``) cannot
 be scoped or undone, so the library never makes it: the CLI's timing commands do, in their own
@@ -33,6 +36,8 @@ from typing import ParamSpec, TypeVar
 
 import torch
 
+from ckptplan.patching import exclusive
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -43,18 +48,19 @@ def keeps_random_state(function: Callable[P, R]) -> Callable[P, R]:
 
     @functools.wraps(function)
     def forked(*args: P.args, **kwargs: P.kwargs) -> R:
-        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-        devices = list(range(torch.cuda.device_count())) if cuda else []
-        python = random.getstate()
-        numpy = sys.modules.get("numpy")
-        numpy_state = numpy.random.get_state() if numpy is not None else None
-        try:
-            with torch.random.fork_rng(devices=devices):
-                return function(*args, **kwargs)
-        finally:
-            random.setstate(python)
-            if numpy is not None:
-                numpy.random.set_state(numpy_state)
+        with exclusive():
+            cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+            devices = list(range(torch.cuda.device_count())) if cuda else []
+            python = random.getstate()
+            numpy = sys.modules.get("numpy")
+            numpy_state = numpy.random.get_state() if numpy is not None else None
+            try:
+                with torch.random.fork_rng(devices=devices):
+                    return function(*args, **kwargs)
+            finally:
+                random.setstate(python)
+                if numpy is not None:
+                    numpy.random.set_state(numpy_state)
 
     return forked
 

@@ -31,6 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ckptplan.errors import CkptplanError
 from ckptplan.options import is_factory_spec
+from ckptplan.patching import patched
 
 Inputs = tuple[Any, ...] | dict[str, Any]
 
@@ -197,8 +198,10 @@ def _fake_module_conversion() -> Iterator[None]:
     ``get_peft_model`` (it moves each adapter to its base layer's device) and any ``.to()`` in
     a model's constructor then fail. Here a conversion that changes nothing keeps the
     parameter, and one that changes it replaces it by a new parameter, tied ones once.
+
+    A process-wide patch, under ``patching``'s lock (Note [process-wide patches]): the
+    conversions run inside the model's constructor, before there is an instance to hook.
     """
-    original = torch.nn.Module._apply
 
     def convert(module: torch.nn.Module, fn: Callable[[Any], Any], recurse: bool = True) -> Any:
         converted: dict[int, torch.nn.Parameter] = {}
@@ -220,11 +223,8 @@ def _fake_module_conversion() -> Iterator[None]:
                     each._buffers[key] = fn(buffer)
         return module
 
-    torch.nn.Module._apply = convert  # type: ignore[method-assign]
-    try:
+    with patched(torch.nn.Module, "_apply", convert):
         yield
-    finally:
-        torch.nn.Module._apply = original  # type: ignore[method-assign]
 
 
 def default_loss(output: Any) -> torch.Tensor:

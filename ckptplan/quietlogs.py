@@ -3,8 +3,9 @@
 When an op's fake kernel refuses what its real kernel runs (``aten._grouped_mm`` in float32),
 torch's fake-tensor logger prints the whole traceback on stderr before raising. ckptplan
 catches that error and says in one line what it does instead (a real step, or the model's
-error), so the traceback is noise: no traceback text is for the user. The loggers' levels are
-raised for the run only and restored after it, so the caller's logging is left as it was.
+error), so the traceback is noise: no traceback text is for the user. The loggers are disabled
+for the run only (their ``disabled`` flag, which ``isEnabledFor`` reads first) and enabled
+after it, so the caller's logging is left as it was.
 
 Libraries' messages about a step that ckptplan runs, not the user, are dropped during those
 runs too (``_NOISE``: transformers' "`loss_type=None` ... unrecognized", said of the profiled
@@ -15,6 +16,11 @@ A fake run of a plan also keeps ckptplan's own logger quiet: it applies the plan
 (``checkpointed N regions``, what the first backward recomputed) is for the user's own run and
 would otherwise repeat, once per candidate plan, during ``solve``; so are the warnings of the
 plan's guards, for its own step, not the user's.
+
+A logger is one object per process, and so is the list of warnings filters, so all three are
+process-wide patches, made under ``patching``'s lock (Note [process-wide patches]): a flag set
+and put back, a logger's list of filters replaced by a longer copy for the run and the caller's
+own list put back, and ``warnings.catch_warnings``.
 
 Example:
     >>> fake_log = logging.getLogger("torch._subclasses.fake_tensor")
@@ -31,7 +37,9 @@ import logging
 import re
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+
+from ckptplan.patching import caught_warnings, patched
 
 _LOGGERS = ("torch._subclasses.fake_tensor",)
 """Torch's loggers that log an exception ckptplan's fake runs catch (``log.exception``)."""
@@ -68,14 +76,12 @@ def library_noise_quieted() -> Iterator[None]:
         >>> bool(log.filter(record))
         True
     """
-    added = [(logging.getLogger(name), _DropNoise(pattern)) for name, pattern in _NOISE.items()]
-    for logger, noise in added:
-        logger.addFilter(noise)
-    try:
+    with ExitStack() as patches:
+        for name, pattern in _NOISE.items():
+            logger = logging.getLogger(name)
+            noisy = [*logger.filters, _DropNoise(pattern)]
+            patches.enter_context(patched(logger, "filters", noisy))
         yield
-    finally:
-        for logger, noise in added:
-            logger.removeFilter(noise)
 
 
 @contextmanager
@@ -94,7 +100,7 @@ def fake_run_logs_quieted(ignored: tuple[type[Warning], ...] = ()) -> Iterator[N
     with (
         _quieted((*_LOGGERS, _OWN_LOGGER)),
         library_noise_quieted(),
-        warnings.catch_warnings(),
+        caught_warnings(),
     ):
         for category in ignored:
             warnings.simplefilter("ignore", category)
@@ -103,12 +109,7 @@ def fake_run_logs_quieted(ignored: tuple[type[Warning], ...] = ()) -> Iterator[N
 
 @contextmanager
 def _quieted(names: tuple[str, ...]) -> Iterator[None]:
-    loggers = [logging.getLogger(name) for name in names]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.CRITICAL + 1)
-    try:
+    with ExitStack() as patches:
+        for name in names:
+            patches.enter_context(patched(logging.getLogger(name), "disabled", True))
         yield
-    finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)

@@ -37,6 +37,7 @@ import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ckptplan.errors import CkptplanError, option
+from ckptplan.patching import patched
 from ckptplan.peak_event import PeakEvent
 from ckptplan.phase import Direction, Phase
 from ckptplan.profile_types import BlockProfile, Gap, Profile
@@ -269,7 +270,9 @@ class RankMemory(LiveStorageTracker):
 
 @contextlib.contextmanager
 def _fsdp_storage_hooks(resized: Callable[[torch.Tensor], None]) -> Iterator[None]:
-    """Call ``resized`` after FSDP2 grows or frees a storage in place (no dispatcher op)."""
+    """Call ``resized`` after FSDP2 grows or frees a storage in place (no dispatcher op, so
+    a process-wide patch of its module functions, under ``patching``'s lock: Note
+    [process-wide patches])."""
     if not torch.distributed.is_available():
         yield
         return
@@ -285,14 +288,9 @@ def _fsdp_storage_hooks(resized: Callable[[torch.Tensor], None]) -> Iterator[Non
 
         return resize
 
-    try:
+    with contextlib.ExitStack() as patches:
         for module, alloc, free in originals:
-            module.alloc_storage = wrap(alloc)
+            patches.enter_context(patched(module, "alloc_storage", wrap(alloc)))
             if free is not None:
-                module.free_storage = wrap(free)
+                patches.enter_context(patched(module, "free_storage", wrap(free)))
         yield
-    finally:
-        for module, alloc, free in originals:
-            module.alloc_storage = alloc
-            if free is not None:
-                module.free_storage = free

@@ -20,7 +20,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +28,7 @@ import torch
 from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from ckptplan.patching import patched_env
 from ckptplan.profiling.memtrack import on_accumulated
 
 _MARK = "ckptplan::gradient@"
@@ -80,15 +80,12 @@ def allocator_peak(step: Callable[[], None], model: torch.nn.Module | None = Non
 @contextlib.contextmanager
 def _quiet_profiler() -> Iterator[None]:
     """Without the profiler's start and stop lines on stderr: its log level is read when it
-    first starts, so it is set for that moment only (a level the caller set is kept)."""
-    if _LOG_LEVEL in os.environ:
+    first starts, so it is set for that moment only (a level the caller set is kept).
+
+    ``torch.profiler`` takes no log level, so this is a process-wide patch, under
+    ``patching``'s lock (Note [process-wide patches])."""
+    with patched_env(_LOG_LEVEL, "6"):
         yield
-        return
-    os.environ[_LOG_LEVEL] = "6"
-    try:
-        yield
-    finally:
-        os.environ.pop(_LOG_LEVEL, None)
 
 
 def _gradient_marks(model: torch.nn.Module | None) -> Any:

@@ -12,7 +12,9 @@ difference are known and corrected here, while ``real_step_paths`` is active:
   4-layer Gemma). Here the question gets the real step's answer. The real step still runs the
   dozen small integer ops that compute it (16 KiB, at the start of forward): those are marked
   (``answering``) so that the op-sequence check can leave them out. Positions given in the
-  batch keep the library's behaviour (their values are unknown).
+  batch keep the library's behaviour (their values are unknown). The library calls its own
+  module global, so the answer is a process-wide patch, under ``patching``'s lock (Note
+  [process-wide patches]).
 - **Fake kernels that lay out their output otherwise than the CPU kernel.** The CPU kernel of
   ``native_layer_norm_backward`` returns a contiguous gradient; its fake kernel copies the
   layout of the incoming gradient, which after a transpose is not contiguous, so a later
@@ -32,6 +34,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from ckptplan.patching import patched
 
 _ANSWERING: ContextVar[bool] = ContextVar("ckptplan_answering", default=False)
 
@@ -75,11 +79,8 @@ def _one_sequence_per_row(inputs: Any) -> Iterator[None]:
         finally:
             _ANSWERING.reset(token)
 
-    masking.find_packed_sequence_indices = answered
-    try:
+    with patched(masking, "find_packed_sequence_indices", answered):
         yield
-    finally:
-        masking.find_packed_sequence_indices = original
 
 
 class _CpuLayouts(TorchDispatchMode):

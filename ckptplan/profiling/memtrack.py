@@ -27,6 +27,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode_temporarily
 
+from ckptplan.patching import patched
 from ckptplan.profiling.gradsum import engine_sum_operand
 from ckptplan.profiling.rnn import workspace_bytes
 
@@ -351,7 +352,8 @@ def rng_states_counted(tracker: LiveStorageTracker) -> Iterator[None]:
 
     The generator makes them outside aten dispatch, so the tracker would miss them. Only for
     ckptplan's own instrumented steps (the fake run, ``verify``'s tracker figure): the wrapper
-    is removed on exit.
+    is removed on exit. A process-wide patch, under ``patching``'s lock (Note [process-wide
+    patches]): checkpoint calls ``torch.get_rng_state`` itself, and no dispatch mode sees it.
     """
     original = torch.get_rng_state
 
@@ -360,8 +362,5 @@ def rng_states_counted(tracker: LiveStorageTracker) -> Iterator[None]:
         tracker.count(state)
         return state
 
-    torch.get_rng_state = counted
-    try:
+    with patched(torch, "get_rng_state", counted):
         yield
-    finally:
-        torch.get_rng_state = original

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ckptplan.loading import Workload
+from ckptplan.patching import patched_config
 from ckptplan.plan import PlanSettings
 from ckptplan.verifying.comparison import Comparison, compare
 from ckptplan.verifying.localrun import baseline_run, run_device
@@ -73,13 +74,15 @@ def measure_compile_budget(
 
     AOTAutograd's min-cut partitioner chooses what to recompute under the budget; it runs here
     through ``aot_function`` with eager (nop) compilers, the partitioning ``torch.compile``
-    applies, without dynamo, so the live-storage tracker can count the compiled step.
+    applies, without dynamo, so the live-storage tracker can count the compiled step. The
+    partitioner reads the budget from functorch's config only, a process-wide setting, so it is
+    set under ``patching``'s lock (Note [process-wide patches]).
     """
     from functorch.compile import min_cut_rematerialization_partition
     from torch._functorch import config as functorch_config
 
     target = run_device(device)
     baseline_model, inputs, _ = baseline_run(model_file, settings, target)
-    with functorch_config.patch(activation_memory_budget=memory_budget):
+    with patched_config(functorch_config, activation_memory_budget=memory_budget):
         candidate = _Partitioned(copy.deepcopy(baseline_model), min_cut_rematerialization_partition)
         return compare(model_file, settings, baseline_model, candidate, inputs, target, repeats)
