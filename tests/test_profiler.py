@@ -119,7 +119,7 @@ def loss_fn(logits):
     "mixer",
     [
         "nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.LayerNorm(32))",  # one of each class
-        "nn.LSTM(32, 32, num_layers=2, batch_first=True)",
+        "nn.LSTM(32, 32, num_layers=2, batch_first=True, dropout=0.2)",  # kept whole (layered_rnn)
     ],
 )
 def test_the_blocks_an_error_suggests_are_accepted(write_model, mixer: str) -> None:
