@@ -23,8 +23,12 @@ where it is made:
   per process; the caller's own list of filters is put back, not edited.
 - ``KINETO_LOG_LEVEL`` (``profiling.allocmeter``): kineto reads it when the profiler first
   starts; ``torch.profiler`` takes no log level.
-- functorch's ``activation_memory_budget`` (``verifying.peers``): the partitioner reads only
-  the config.
+- functorch's ``activation_memory_budget`` (``verifying.peers``) and ``enable_autograd_cache``
+  (``planning.compiled``), inductor's ``fx_graph_cache`` and ``fallback_random``
+  (``planning.inductor_memory``, ``verifying.verification``): the compilers read only their
+  configs.
+- inductor's ``PythonWrapperCodegen.memory_plan_reuse`` (``planning.inductor_memory``): the
+  one point where the lowered graph's buffer plan can be read before it is run.
 - the global random generators (``callerstate``): a public entry point seeds them for its
   runs and puts the caller's states back; models draw from them, not from a generator passed.
 - the warnings filters (``quietlogs``): Python's filters are one list per process, which

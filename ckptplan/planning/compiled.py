@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from ckptplan.patching import patched_config
 from ckptplan.planning.inductor_memory import GraphMemory, graph_memory
 from ckptplan.profiling.memtrack import CompiledStepTracker, compiled_step_tracker, fused
 
@@ -127,7 +128,7 @@ def partitioning_backend(log: Partition) -> Callable[..., Any]:
 
     def backend(graph: torch.fx.GraphModule, example_inputs: Any) -> Any:
         # A hit in AOTAutograd's cache would skip the partition, and with it the record.
-        with functorch_config.patch(enable_autograd_cache=False):
+        with patched_config(functorch_config, enable_autograd_cache=False):
             return compile_step(graph, example_inputs)
 
     return backend
@@ -347,7 +348,7 @@ def inductor_backend(log: Partition) -> Callable[..., Any]:
 
     def backend(graph: torch.fx.GraphModule, example_inputs: Any) -> Any:
         # A hit in AOTAutograd's cache would skip the partition, and with it the record.
-        with functorch_config.patch(enable_autograd_cache=False):
+        with patched_config(functorch_config, enable_autograd_cache=False):
             return compile_fx(graph, example_inputs, inner_compile=inner)
 
     return backend

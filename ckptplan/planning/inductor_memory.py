@@ -27,11 +27,11 @@ import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from unittest import mock
 
 import torch
 import torch.fx
 
+from ckptplan.patching import patched, patched_config
 from ckptplan.profiling.memtrack import storage_key
 
 
@@ -110,8 +110,8 @@ def graph_memory(
     # partitioner made it, to run with eager kernels.
     lowered = copy.deepcopy(graph)
     with (
-        mock.patch.object(PythonWrapperCodegen, "memory_plan_reuse", read_lines),
-        inductor_config.patch(fx_graph_cache=False),
+        patched(PythonWrapperCodegen, "memory_plan_reuse", read_lines),
+        patched_config(inductor_config, fx_graph_cache=False),
         # _Planned, however inductor wrapped it, or a failure to lower: ``planned`` says which.
         contextlib.suppress(Exception),
     ):

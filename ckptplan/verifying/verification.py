@@ -21,6 +21,7 @@ from torch._inductor import config as inductor_config
 from ckptplan.applying.install import apply
 from ckptplan.errors import CkptplanError, option
 from ckptplan.loading import Workload
+from ckptplan.patching import patched_config
 from ckptplan.plan import Plan, PlanSettings
 from ckptplan.planning.compiled import CompiledModel, Partition, inductor_backend
 from ckptplan.planning.graphbreaks import counting_breaks
@@ -158,7 +159,7 @@ def verify_plan(
     if plan.settings.compiled:
         # Inductor draws its own dropout masks unless told to use eager's: with eager's, the
         # compiled plan's gradients compare seed for seed with the eager step's.
-        with inductor_config.patch(fallback_random=True):
+        with patched_config(inductor_config, fallback_random=True):
             compiled, result = _compare_compiled(
                 model_file, plan.settings, baseline_model, planned_model, inputs, target, repeats
             )
