@@ -69,10 +69,10 @@ class Prefix:
 
 def _choices(chain: Chain, selective: bool) -> list[list[tuple[float, float]]]:
     """Per block, (most bytes saved, least time) of each way it may be checkpointed."""
-    out = []
+    out: list[list[tuple[float, float]]] = []
     for b in chain.blocks:
         most = block_saving(b, False) + b.freed_output_bytes  # at most: it may end a segment
-        points = [(most, max(0.0, b.fwd_time - b.tail_time))]
+        points: list[tuple[float, float]] = [(most, max(0.0, b.fwd_time - b.tail_time))]
         if selective:
             points += [
                 (
