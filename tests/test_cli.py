@@ -242,7 +242,7 @@ def test_the_python_api_takes_the_same_words(tiny_gpt) -> None:
 
     plan = ckptplan.solve(tiny_gpt, budget="100%", solver="none", batch_size=2, target="cpu")
     assert plan.settings.device == "cpu"
-    with pytest.warns(DeprecationWarning, match="is now target="):
+    with pytest.warns(DeprecationWarning, match=r"use profile\(target=\.\.\.\)"):
         old = ckptplan.profile(tiny_gpt, batch_size=2, device="h100")
     assert old.settings.device == "h100"
     result = ckptplan.verify(tiny_gpt, plan, run_on="cpu", repeats=1)
