@@ -2,9 +2,10 @@
 
 Plain PyTorch with its defaults (no dropout between layers, unidirectional, no projection,
 ``batch_first=True``). Sizes: vocab 1024, embedding and hidden 256, 8 sequences of 128 tokens.
-The labels are the inputs shifted by one token. The recurrent layers are one module, so the
-blocks are named with ``blocks="lstm"``; ``lstm_stack.py`` is the same model with its layers as
-a ``ModuleList`` of one-layer LSTMs.
+The labels are the inputs shifted by one token. The recurrent layers are one module, which
+ckptplan runs layer by layer (``ckptplan.applying.layered_rnn``), so its units are
+``lstm.layers.0``-``3``; ``lstm_stack.py`` is the same model with its layers as a
+``ModuleList`` of one-layer LSTMs.
 """
 
 import torch
