@@ -30,11 +30,12 @@ Example:
 
 from __future__ import annotations
 
-import bisect
 import math
 from dataclasses import dataclass, replace
 
-from ckptplan.solvers.bounds import prefixes
+import numpy as np
+
+from ckptplan.solvers.bounds import Prefix, prefixes
 from ckptplan.solvers.chain import (
     Chain,
     InfeasibleBudget,
@@ -67,11 +68,16 @@ class _Stage:
     """The suffix frontier from one block: ``q`` rising, ``cost`` falling, and for each point
     the run that starts it and the index of the point it continues in the run's end stage."""
 
-    q: list[float]
-    cost: list[float]
+    q: np.ndarray
+    cost: np.ndarray
     back: list[tuple[_Run, int] | None]
-    negated: list[float]
+    negated: np.ndarray
     """``-cost``, rising, to bisect on."""
+
+    @staticmethod
+    def of(q: list[float], cost: list[float], back: list[tuple[_Run, int] | None]) -> _Stage:
+        costs = np.array(cost, dtype=float)
+        return _Stage(np.array(q, dtype=float), costs, back, -costs)
 
 
 def _runs(chain: Chain, s: int, longest: int, selective: bool) -> list[_Run]:
@@ -112,55 +118,95 @@ def _stages(
     """The suffix frontiers, right to left (see the module docstring)."""
     n = len(chain.blocks)
     tail = max((v for v, _ in chain.tail_peaks), default=0)
-    stages: list[_Stage] = [_Stage([], [], [], []) for _ in range(n)]
-    stages.append(_Stage([float(tail)], [0.0], [None], [0.0]))
+    stages: list[_Stage] = [_Stage.of([], [], []) for _ in range(n)]
+    stages.append(_Stage.of([float(tail)], [0.0], [None]))
     longest = n if max_segment is None else max_segment
     befores = prefixes(chain, selective) if bound else []
     limit = bound.time * (1 + 1e-9) + 1e-12 if bound else math.inf
     for s in range(n - 1, -1, -1):
-        candidates: list[tuple[float, float, int, int]] = []
         runs = _runs(chain, s, longest, selective)
         before = befores[s] if bound else None
         top = bound.budget + before.most_saving if bound and before is not None else math.inf
         figures = _figures(chain, s, longest, selective)
+        pieces: list[tuple[np.ndarray, ...]] = []
         for index, run in enumerate(runs):
             rest = stages[run[1]]
-            if not rest.q:
-                continue
             local, saving, time = figures[run]
-            if local > top:
+            if not len(rest.q) or local > top:
                 continue
             # Points that fall below the run's own peak all become it: the cheapest is last.
-            lo = max(0, bisect.bisect_right(rest.q, local + saving) - 1)
+            lo = max(0, int(np.searchsorted(rest.q, local + saving, "right")) - 1)
             hi = len(rest.q)
             if bound and before is not None:
                 # What the blocks before must spend bounds both ends: its least, to save what
                 # the run's own peak asks, and the most it can save in the time left.
                 spare = limit - time - before.least_time(local - bound.budget)
-                lo = max(lo, bisect.bisect_left(rest.negated, -spare))
+                lo = max(lo, int(np.searchsorted(rest.negated, -spare, "left")))
                 most = before.most_saving_within(limit - time - rest.cost[-1])
-                hi = bisect.bisect_right(rest.q, bound.budget + most + saving)
-            qs, costs = rest.q, rest.cost
-            for j in range(lo, hi):
-                q = qs[j] - saving
-                candidates.append((q if q > local else local, costs[j] + time, index, j))
-        candidates.sort()
-        stage = stages[s]
-        best = math.inf
-        for q, cost, index, j in candidates:
-            if cost < best - 1e-12:
-                best = cost
-                if (
-                    bound
-                    and before is not None
-                    and cost + before.least_time(q - bound.budget) > limit
-                ):
-                    continue
-                stage.q.append(q)
-                stage.cost.append(cost)
-                stage.back.append((runs[index], j))
-                stage.negated.append(-cost)
+                hi = int(np.searchsorted(rest.q, bound.budget + most + saving, "right"))
+            if lo < hi:
+                pieces.append(
+                    (
+                        np.maximum(rest.q[lo:hi] - saving, local),
+                        rest.cost[lo:hi] + time,
+                        np.full(hi - lo, index),
+                        np.arange(lo, hi),
+                    )
+                )
+        stages[s] = _frontier_of(pieces, runs, before if bound else None, bound, limit)
     return stages
+
+
+def _frontier_of(
+    pieces: list[tuple[np.ndarray, ...]],
+    runs: list[_Run],
+    before: Prefix | None,
+    bound: Bound | None,
+    limit: float,
+) -> _Stage:
+    """The Pareto frontier of a stage's candidate points, ``pieces`` of ``(q, cost, run index,
+    point index)`` arrays: sorted by ``q`` then cost, each point kept where it is cheaper than
+    every point before it (by more than rounding), and, with a ``bound``, where the blocks
+    before can still complete it within ``limit``.
+
+    Note [sorting candidates in bulk]
+        A stage's candidates outnumber its frontier a hundredfold: on the Llama-2-70B shape
+        with 31 selective options per block, 22.6 million candidates for 259 thousand frontier
+        points. So the candidates are made and sorted as arrays, and only the points cheaper
+        than all before them, a superset of the frontier (a point the sweep keeps is cheaper
+        than every point before it), go through the sweep one by one. The order and the sweep
+        are those of sorting ``(q, cost, run, point)`` tuples, so the frontier is the same.
+    """
+    if not pieces:
+        return _Stage.of([], [], [])
+    q, cost, index, point = (np.concatenate(column) for column in zip(*pieces, strict=True))
+    order = np.lexsort((cost, q))  # stable: ties keep the pieces' order, by run then point
+    cost = cost[order]
+    cheaper = cost < np.concatenate(([math.inf], np.minimum.accumulate(cost)[:-1]))
+    keep = order[cheaper]
+    out_q: list[float] = []
+    out_cost: list[float] = []
+    back: list[tuple[_Run, int] | None] = []
+    best = math.inf
+    for q_k, cost_k, index_k, point_k in zip(
+        q[keep].tolist(),
+        cost[cheaper].tolist(),
+        index[keep].tolist(),
+        point[keep].tolist(),
+        strict=True,
+    ):
+        if cost_k < best - 1e-12:
+            best = cost_k
+            if (
+                bound
+                and before is not None
+                and cost_k + before.least_time(q_k - bound.budget) > limit
+            ):
+                continue
+            out_q.append(q_k)
+            out_cost.append(cost_k)
+            back.append((runs[index_k], point_k))
+    return _Stage.of(out_q, out_cost, back)
 
 
 def _plan(
@@ -256,8 +302,8 @@ def least_peak(chain: Chain, max_segment: int | None = None, selective: bool = F
     n = len(chain.blocks)
     longest = n if max_segment is None else max_segment
     tail = float(max((v for v, _ in chain.tail_peaks), default=0))
-    stages = [_Stage([], [], [], []) for _ in range(n)]
-    stages.append(_Stage([tail], [0.0], [None], [0.0]))
+    stages = [_Stage.of([], [], []) for _ in range(n)]
+    stages.append(_Stage.of([tail], [0.0], [None]))
     for s in range(n - 1, -1, -1):
         least: tuple[float, _Run] | None = None
         for run in _runs(chain, s, longest, selective):
@@ -266,6 +312,6 @@ def least_peak(chain: Chain, max_segment: int | None = None, selective: bool = F
             if least is None or q < least[0]:
                 least = (q, run)
         assert least is not None
-        stages[s] = _Stage([least[0]], [0.0], [(least[1], 0)], [0.0])
+        stages[s] = _Stage.of([least[0]], [0.0], [(least[1], 0)])
     segments, options, nested = _plan(stages, 0)
     return simulate(chain, segments, "least", options, nested).peak

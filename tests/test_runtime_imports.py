@@ -32,13 +32,6 @@ pytestmark = pytest.mark.runtime  # run on the lowest and newest torch supported
 
 HEAVY = ("ortools", "networkx", "rich", "click", "torch._dynamo", "torch._inductor")
 """What the planner imports and a training job should not pay for, or be broken by."""
-PENDING = {
-    "ckptplan.applying.region": {
-        "torch.utils._python_dispatch._disable_current_modes",
-        "torch._C",  # torch._C._current_graph_task_id
-    }
-}
-"""Private names a runtime module still uses while another change reworks it (issue 40)."""
 
 STEP = """
 import functools, importlib.util, json, sys, time
@@ -91,7 +84,7 @@ def _private_torch(modules: list[str]) -> dict[str, list[str]]:
         spec = importlib.util.find_spec(name)
         assert spec is not None and spec.origin is not None, name
         uses = private_torch(Path(spec.origin).read_text())
-        allowed = KEPT.keys() | PENDING.get(name, set())
+        allowed = KEPT.keys()
         found[name] = [use for use in uses if use.partition(": ")[2] not in allowed]
     return {name: uses for name, uses in found.items() if uses}
 

@@ -259,6 +259,26 @@ def test_batchnorm_statistics_are_updated_once_per_step() -> None:
         assert torch.equal(a, b), name
 
 
+def test_a_second_backward_of_one_forward_recomputes_again() -> None:
+    """``retain_graph``: the region's recompute context is entered once per backward, each
+    time putting back the BatchNorm statistics (Note [knowing a recomputation])."""
+    torch.manual_seed(0)
+    reference = Collecting([Normed() for _ in range(3)]).train()
+    model = copy.deepcopy(reference)
+    ckptplan.apply(model, plan_for(model, [{"modules": ["blocks.0", "blocks.1"]}]))
+    x = torch.randn(4, 8)
+    grads = []
+    for net in (reference, model):
+        out = net(x)
+        out.backward(retain_graph=True)
+        out.backward()
+        grads.append({n: p.grad.clone() for n, p in net.named_parameters()})
+    assert_same_grads(*grads)
+    assert model.ckptplan_applied.recomputed == 2
+    for (name, a), b in zip(reference.named_buffers(), model.buffers(), strict=True):
+        assert torch.equal(a, b), name
+
+
 def test_a_selective_policy_keeps_the_gradients(tiny_gpt, plan) -> None:
     model_file = load_model_file(tiny_gpt)
     torch.manual_seed(0)

@@ -6,16 +6,27 @@ member hands back the output computed for it, after checking it received the out
 member before it (which the profiler checked before the solver was allowed to join them).
 Recomputation puts back the buffers the forward mutated (BatchNorm statistics), and runs under
 the GPU attention emulation when the forward did.
+
+Note [knowing a recomputation]
+    A region learns that it recomputes from checkpoint's own ``context_fn``: the recompute
+    context it returns (``Replaying``) is entered around each recomputation, before the
+    selective policy's dispatch modes, so it can copy the buffers to restore while those modes
+    do not yet run (their recompute side refuses an op the forward did not run). Nested regions
+    share one count of the recomputations running (``Replays``): a nested region that runs
+    inside its enclosing region's recomputation is recomputed too, and is counted so. Under
+    ``torch.compile`` no such context is passed (the compiler takes only selective-checkpoint
+    contexts): the partitioner decides what recomputes, and nothing is counted.
 """
 
 from __future__ import annotations
 
 import functools
-from contextlib import nullcontext
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.checkpoint import checkpoint
 
 from ckptplan.applying.gpukernels import GPU_ONLY_OPS, GpuAttention, emulated, runs_gpu_kernels
@@ -27,6 +38,51 @@ from ckptplan.applying.stats import RegionStats, Reporter, region_name
 from ckptplan.applying.tensors import first_tensor
 from ckptplan.errors import CkptplanError, option
 from ckptplan.policy_types import OpCall, Policy
+
+
+@dataclass
+class Replays:
+    """How many recomputations of a tree of nested regions are running (Note [knowing a
+    recomputation])."""
+
+    running: int = 0
+
+
+class Replaying:
+    """A region's recompute context: counts the recomputation, keeps the buffers its forward
+    mutated and puts them back after it, around the policy's own recompute context ``inner``.
+    A class, not a generator, because a second backward (``retain_graph``) enters it again."""
+
+    def __init__(self, region: RegionRun, inner: AbstractContextManager[Any]) -> None:
+        self.region = region
+        self.inner = inner
+        self.kept: list[torch.Tensor] = []
+
+    def __enter__(self) -> None:
+        self.region.replays.running += 1
+        with torch.no_grad():
+            self.kept = [b.clone() for b in self.region.stateful]
+        self.inner.__enter__()
+
+    def __exit__(self, *exc: Any) -> bool | None:
+        try:
+            return self.inner.__exit__(*exc)
+        finally:
+            # Through ``.data``, which has a version counter of its own: a BatchNorm's forward
+            # saves its running statistics for backward, and a shared module's other calls
+            # (unchecked, or recomputed later) must find them at the version they saved.
+            with torch.no_grad():
+                for buffer, value in zip(self.region.stateful, self.kept, strict=True):
+                    buffer.data.copy_(value)
+            self.kept = []
+            self.region.replays.running -= 1
+
+
+def _replayed(region: RegionRun, contexts: Callable[[], tuple[Any, Any]] | None) -> tuple[Any, Any]:
+    """The ``context_fn`` of an eager region: its policy's contexts (none for a plain
+    checkpoint), the recompute one inside ``Replaying``."""
+    forward, recompute = contexts() if contexts else (nullcontext(), nullcontext())
+    return forward, Replaying(region, recompute)
 
 
 class RegionRun:
@@ -63,6 +119,8 @@ class RegionRun:
         ]
         self.stateful: list[torch.Tensor] = []
         """Buffers the forward mutates (BatchNorm statistics): restored after recomputation."""
+        self.replays = Replays()
+        """Shared by every region of one nest (Note [knowing a recomputation])."""
         self.pending: list[Any] = []
         self.expected: torch.Tensor | None = None
 
@@ -71,30 +129,22 @@ class RegionRun:
         steps = [s for s in self.steps if not start <= s[0] < end]
         steps.append((start, end, child))
         self.steps = sorted(steps, key=lambda s: s[0])
+        child.share(self.replays)
+
+    def share(self, replays: Replays) -> None:
+        """Count this region's and its nested regions' recomputations in ``replays``."""
+        self.replays = replays
+        for _, _, child in self.steps:
+            if child is not None:
+                child.share(replays)
 
     def run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         """The checkpointed function: every member in order, through its original call."""
-        if not torch.compiler.is_compiling() and torch._C._current_graph_task_id() != -1:
-            self.stats.recomputes += 1
-            return self._recompute(args, kwargs)
-        return self._members(args, kwargs)
-
-    def _recompute(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-        """Re-run forward, keeping buffers (BatchNorm statistics) as the forward left them."""
-        # Outside the dispatch modes of selective checkpointing, whose recompute side refuses
-        # an op its forward did not run.
-        with torch.no_grad(), _disable_current_modes():
-            kept = [b.clone() for b in self.stateful]
-        try:
-            with GpuAttention() if self.emulating else nullcontext():
-                return self._members(args, kwargs)
-        finally:
-            # Through ``.data``, which has a version counter of its own: a BatchNorm's forward
-            # saves its running statistics for backward, and a shared module's other calls
-            # (unchecked, or recomputed later) must find them at the version they saved.
-            with torch.no_grad(), _disable_current_modes():
-                for buffer, value in zip(self.stateful, kept, strict=True):
-                    buffer.data.copy_(value)
+        if torch.compiler.is_compiling() or not self.replays.running:
+            return self._members(args, kwargs)
+        self.stats.recomputes += 1
+        with GpuAttention() if self.emulating else nullcontext():
+            return self._members(args, kwargs)
 
     def _members(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         outs: list[Any] = []
@@ -142,26 +192,20 @@ class RegionRun:
         # The region's tensor arguments go to checkpoint one by one, so it saves them as saved
         # tensors (a tuple would be held as is): under an enclosing checkpoint, they are then
         # dropped through forward like everything else the enclosing region saves.
-        if self.policy is None:
-            return checkpoint(
-                self._spread, *args, use_reentrant=False, preserve_rng_state=True, **kwargs
-            )
-        saves, offloads = self.policy
-        # Built here, not stored: torch.compile takes a context_fn made in the traced frame.
-        # Eager torch recomputes what a *_CPU_OFFLOAD policy names, so eager offload runs
-        # ckptplan's own caching modes; under torch.compile the policy goes to the partitioner.
-        contexts = (
-            offload_contexts
-            if offloads and not torch.compiler.is_compiling()
-            else selective_contexts
-        )
+        compiling = torch.compiler.is_compiling()
+        contexts = None
+        if self.policy is not None:
+            saves, offloads = self.policy
+            # Built here, not stored: torch.compile takes a context_fn made in the traced
+            # frame. Eager torch recomputes what a *_CPU_OFFLOAD policy names, so eager offload
+            # runs ckptplan's own caching modes; under torch.compile the partitioner does.
+            policy = offload_contexts if offloads and not compiling else selective_contexts
+            contexts = functools.partial(policy, saves, offloads)
+        if not compiling:
+            contexts = functools.partial(_replayed, self, contexts)
+        extra = {} if contexts is None else {"context_fn": contexts}
         return checkpoint(
-            self._spread,
-            *args,
-            use_reentrant=False,
-            preserve_rng_state=True,
-            context_fn=functools.partial(contexts, saves, offloads),
-            **kwargs,
+            self._spread, *args, use_reentrant=False, preserve_rng_state=True, **extra, **kwargs
         )
 
     def _buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

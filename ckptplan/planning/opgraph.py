@@ -35,7 +35,8 @@ from dataclasses import asdict, dataclass
 
 from ckptplan.phase import Direction, Phase
 from ckptplan.plan import Plan
-from ckptplan.planning.problem import op_names, region_policy, selective_menus
+from ckptplan.planning.problem import block_forward_ops, op_names, selective_menus
+from ckptplan.planning.schedule_plan import region_policy
 from ckptplan.policy_types import Policy
 from ckptplan.profile_types import Profile
 from ckptplan.solvers.chain import Chain, Schedule, validate_segments
@@ -182,10 +183,11 @@ def _plan_regions(
         if plan.options and menus is None:
             menus = selective_menus(profile)
         chosen = {block: menus[block][option] for block, option in plan.options} if menus else {}
-        regions = []
-        for start, end in plan.segments:
-            regions.append((start, end, _kept(region_policy(profile, start, end, chosen))))
-        return regions
+        forward = block_forward_ops(profile)
+        return [
+            (start, end, _kept(region_policy(forward, start, end, chosen)))
+            for start, end in plan.segments
+        ]
     paths = [b.path for b in profile.blocks]
     if list(plan.blocks) != paths:
         raise ValueError("the plan was made for other blocks than the profile's")

@@ -20,7 +20,6 @@ from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError
 from ckptplan.options import SCOPES
 from ckptplan.planning.compiled_menus import compiled_menu, dataflow
-from ckptplan.policy_types import Choice, OpCall, Policy
 from ckptplan.profile_types import (
     BlockProfile,
     OpRecord,
@@ -323,31 +322,6 @@ def _menu(
 def block_forward_ops(profile: Profile) -> list[list[OpRecord]]:
     """Each block's forward ops, in the order a selective policy sees them."""
     return block_forward_records(profile.ops, len(profile.blocks))
-
-
-def region_policy(
-    profile: Profile, start: int, end: int, selections: Mapping[int, Selection]
-) -> Policy | None:
-    """The policy of a region of blocks ``[start, end)`` whose blocks run ``selections``.
-
-    A menu names ops ``op#k`` by their call count within one block; a policy counts within its
-    region, so the calls of the same overload in the region's earlier blocks are added to ``k``.
-    Blocks without a selection recompute everything; None when no block has one.
-    """
-    ops = block_forward_ops(profile)
-    before: Counter[str] = Counter()
-    calls: dict[Choice, list[OpCall]] = {choice: [] for choice in Choice}
-    for k in range(start, end):
-        if k in selections:
-            chosen = ((Choice.SAVE, selections[k].saved), (Choice.OFFLOAD, selections[k].offloaded))
-            for choice, names in chosen:
-                for name in names:
-                    call = OpCall.parse(name)
-                    calls[choice].append(call.after(before[call.op]))
-        before.update(op.op for op in ops[k])
-    if not any(calls.values()):
-        return None
-    return Policy(tuple(calls[Choice.SAVE]), tuple(calls[Choice.OFFLOAD]))
 
 
 def _priced(block: BlockProfile, ops: list[OpRecord], dataflow: object) -> tuple[object, ...]:
