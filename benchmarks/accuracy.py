@@ -27,13 +27,13 @@ from rich.console import Console
 from rich.table import Table
 
 import ckptplan
-from ckptplan.budget import ResolvedBudget, format_bytes
 from ckptplan.loading import load_model_file
 from ckptplan.planning.problem import to_chain
 from ckptplan.planning.schedule_plan import plan_from_schedule
 from ckptplan.profiling.memtrack import keep_freed_host_memory
 from ckptplan.solvers import run_solver
 from ckptplan.solvers.chain import simulate
+from ckptplan.values.budget import ResolvedBudget, format_bytes
 from ckptplan.verifying.fakerun import fake_run_peak
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 import ckptplan
-from ckptplan.budget import format_bytes
+from ckptplan.values.budget import format_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "compiled_accuracy.json"

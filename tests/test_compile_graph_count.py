@@ -17,7 +17,7 @@ from torch import nn
 
 from ckptplan.cli.main import cli
 from ckptplan.loading import load_model_file
-from ckptplan.plan import Plan
+from ckptplan.values.plan import Plan
 from ckptplan.verifying.fakerun import compiled_fake_run
 from tests.test_rewrite import plan_for
 

@@ -20,11 +20,11 @@ from torch._inductor import config as inductor_config
 
 import ckptplan
 from ckptplan.loading import load_model_file
-from ckptplan.plan import Plan
 from ckptplan.planning.compiled import CompiledModel, Partition, inductor_backend
 from ckptplan.profiling.allocmeter import allocator_peak
 from ckptplan.profiling.memtrack import storage_bytes
 from ckptplan.profiling.training import make_optimizer, persistent_tensors
+from ckptplan.values.plan import Plan
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
@@ -266,8 +266,8 @@ def test_the_compiled_fake_run_holds_what_inductors_fused_recompute_holds(region
     128x128 images up to 9% under. The fake run replays inductor's own allocation lines
     (``planning.inductor_memory``)."""
     from ckptplan.loading import LiveModel
-    from ckptplan.plan import Region
-    from ckptplan.policy_types import OpCall, Policy
+    from ckptplan.values.plan import Region
+    from ckptplan.values.policy_types import OpCall, Policy
     from ckptplan.verifying.fakerun import compiled_fake_run
 
     module = load_model_file(ROOT / "sample_models" / "vit.py").module
@@ -350,8 +350,8 @@ def test_the_compiled_fake_run_counts_flash_attentions_own_buffers() -> None:
     from transformers import ViTConfig, ViTForImageClassification
 
     from ckptplan.loading import LiveModel
-    from ckptplan.plan import Region
-    from ckptplan.policy_types import OpCall, Policy
+    from ckptplan.values.plan import Region
+    from ckptplan.values.policy_types import OpCall, Policy
     from ckptplan.verifying.fakerun import compiled_fake_run
 
     config = ViTConfig(

@@ -30,8 +30,11 @@ PLANNER = ("profiling", "planning", "verifying", "cli", "api", "rewriting", "pla
 """The planner's modules and packages, under ``ckptplan``: the runtime imports none of them."""
 STAGES = ("profiling", "planning", "rewriting", "verifying")
 """The planner's stages in the order a plan flows through them: each imports its own and
-earlier stages only. The runtime (``applying/``) and the value types at the top of the package
-lie below every stage; ``api``, ``cli`` and the other entry points above them all."""
+earlier stages only. The runtime (``applying/``) and the value types (``values/``) lie below
+every stage; ``api``, ``cli`` and the other entry points above them all."""
+VALUES = ("ckptplan.values", "ckptplan.errors")
+"""What the value types may import of ckptplan: one another and the error type, no more, so
+that every stage and the runtime can read them."""
 UPWARD_TODAY = {
     "ckptplan/planning/search.py imports ckptplan.verifying.fakerun",
 }
@@ -132,14 +135,17 @@ def test_no_module_is_over_the_line_limit() -> None:
 @pytest.mark.parametrize(
     ("source", "found"),
     [
-        ("from ckptplan.plan import _b\n", ["line 1: from ckptplan.plan import _b"]),
-        ("from .plan import _b\n", ["line 1: from ckptplan.plan import _b"]),
-        ("from ckptplan import plan\nplan._b(1)\n", ["line 2: plan._b"]),
-        ("import ckptplan.plan as p\np._b\n", ["line 2: p._b"]),
-        ("import ckptplan.plan\nckptplan.plan._b\n", ["line 2: ckptplan.plan._b"]),
-        ("from ckptplan.plan import Plan\n", []),
+        ("from ckptplan.values.plan import _b\n", ["line 1: from ckptplan.values.plan import _b"]),
+        ("from .values.plan import _b\n", ["line 1: from ckptplan.values.plan import _b"]),
+        ("from ckptplan.values import plan\nplan._b(1)\n", ["line 2: plan._b"]),
+        ("import ckptplan.values.plan as p\np._b\n", ["line 2: p._b"]),
+        (
+            "import ckptplan.values.plan\nckptplan.values.plan._b\n",
+            ["line 2: ckptplan.values.plan._b"],
+        ),
+        ("from ckptplan.values.plan import Plan\n", []),
         ("from ckptplan import __version__\nimport torch\ntorch._C\n", []),
-        ("from ckptplan.plan import Plan\nPlan._private\n", []),
+        ("from ckptplan.values.plan import Plan\nPlan._private\n", []),
         ("def _own():\n    pass\n_own()\n", []),
     ],
 )
@@ -316,6 +322,22 @@ def _package_graph() -> dict[str, dict[str, int]]:
 def test_no_stage_of_the_planner_imports_a_later_one() -> None:
     found = upward_imports(_package_graph())
     assert set(found) == UPWARD_TODAY, found
+
+
+def _within(name: str, packages: tuple[str, ...]) -> bool:
+    return any(name == package or name.startswith(f"{package}.") for package in packages)
+
+
+def test_the_values_import_only_values() -> None:
+    graph = _package_graph()
+    found = {
+        f"{module} imports {name}": line
+        for module, edges in graph.items()
+        if _within(module, VALUES[:1])
+        for name, line in edges.items()
+        if not _within(name, VALUES)
+    }
+    assert found == {}
 
 
 def test_no_modules_import_each_other() -> None:

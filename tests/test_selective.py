@@ -12,9 +12,7 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import ckptplan
-from ckptplan.budget import ResolvedBudget
 from ckptplan.loading import load_model_file
-from ckptplan.plan import Plan
 from ckptplan.planning.problem import (
     block_forward_ops,
     op_names,
@@ -24,10 +22,12 @@ from ckptplan.planning.problem import (
 )
 from ckptplan.planning.schedule_plan import plan_from_schedule
 from ckptplan.planning.search import selective_pays
-from ckptplan.profile_types import OpRecord
 from ckptplan.profiling.profiler import Settings, profile_model
 from ckptplan.solvers import run_solver
 from ckptplan.solvers.selective import SaveItem, frontier
+from ckptplan.values.budget import ResolvedBudget
+from ckptplan.values.plan import Plan
+from ckptplan.values.profile_types import OpRecord
 from ckptplan.verifying.fakerun import fake_run_peak
 from tests.conftest import ROOT
 

@@ -33,15 +33,15 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ckptplan.phase import Direction, Phase
-from ckptplan.plan import Plan
 from ckptplan.planning.problem import op_names, region_policy, selective_menus
-from ckptplan.policy_types import Policy
-from ckptplan.profile_types import Profile
 from ckptplan.solvers.chain import Chain, Schedule, validate_segments
 from ckptplan.solvers.remat import RematNode, RematProblem, solve
 from ckptplan.solvers.remat_check import check_schedule
 from ckptplan.solvers.selective import Selection
+from ckptplan.values.phase import Direction, Phase
+from ckptplan.values.plan import Plan
+from ckptplan.values.policy_types import Policy
+from ckptplan.values.profile_types import Profile
 
 TIME_UNIT = 1e-9
 """Seconds per unit of node cost: integer nanoseconds."""

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from ckptplan.budget import ResolvedBudget
-from ckptplan.plan import Plan, PlanBudget, PlanSettings, Region
 from ckptplan.planning.problem import region_policy
 from ckptplan.planning.simulate import predict
-from ckptplan.profile_types import Profile
 from ckptplan.solvers.chain import Chain, Schedule
 from ckptplan.solvers.selective import Selection
+from ckptplan.values.budget import ResolvedBudget
+from ckptplan.values.plan import Plan, PlanBudget, PlanSettings, Region
+from ckptplan.values.profile_types import Profile
 
 
 def plan_from_schedule(

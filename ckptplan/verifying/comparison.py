@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 from ckptplan.loading import Workload
-from ckptplan.plan import PlanSettings
 from ckptplan.profiling.training import make_optimizer
+from ckptplan.values.plan import PlanSettings
 from ckptplan.verifying.gradcompare import max_grad_abs_diff
 from ckptplan.verifying.pairtiming import pair_ratios, paired_times
 from ckptplan.verifying.steppeak import StepRun, measured_peak, tracked_peak

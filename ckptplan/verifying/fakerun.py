@@ -17,7 +17,6 @@ from ckptplan.applying.tensors import training_conventions
 from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError, raised_by_ckptplan
 from ckptplan.loading import Workload, build_fake
-from ckptplan.plan import Plan
 from ckptplan.planning.compiled import CompiledModel, Partition, partitioning_backend
 from ckptplan.planning.graphbreaks import counting_breaks
 from ckptplan.profiling.everyblock import EveryBlockRuns
@@ -31,6 +30,7 @@ from ckptplan.profiling.training import (
     parse_dtype,
 )
 from ckptplan.quietlogs import fake_run_logs_quieted
+from ckptplan.values.plan import Plan
 from ckptplan.verifying.steppeak import StepRun, measured_peak, tracked_peak
 
 

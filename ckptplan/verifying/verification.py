@@ -22,9 +22,9 @@ from ckptplan.applying.install import apply
 from ckptplan.errors import CkptplanError, option
 from ckptplan.loading import Workload
 from ckptplan.patching import patched_config
-from ckptplan.plan import Plan, PlanSettings
 from ckptplan.planning.compiled import CompiledModel, Partition, inductor_backend
 from ckptplan.planning.graphbreaks import counting_breaks
+from ckptplan.values.plan import Plan, PlanSettings
 from ckptplan.verifying.comparison import Comparison, compare
 from ckptplan.verifying.gradcompare import seeded_grads
 from ckptplan.verifying.localrun import baseline_run, run_device

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptplan.phase import Phase
+from ckptplan.values.phase import Phase
 
 
 @dataclass
