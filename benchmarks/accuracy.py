@@ -33,8 +33,8 @@ from ckptplan.planning.schedule_plan import plan_from_schedule
 from ckptplan.profiling.memtrack import keep_freed_host_memory
 from ckptplan.solvers import run_solver
 from ckptplan.solvers.chain import simulate
+from ckptplan.stepping.fakerun import fake_run_peak
 from ckptplan.values.budget import ResolvedBudget, format_bytes
-from ckptplan.verifying.fakerun import fake_run_peak
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "accuracy.json"

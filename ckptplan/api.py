@@ -56,10 +56,10 @@ from ckptplan.profiling.training import dtype_name, optimizer_name
 from ckptplan.progress import QUIET, Progress
 from ckptplan.solvers import BASELINES, SOLVERS, SolverName, run_solver
 from ckptplan.solvers.chain import InfeasibleBudget
+from ckptplan.stepping.fakerun import fake_run_peak
 from ckptplan.values.budget import Budget, ResolvedBudget, format_bytes, parse_budget
 from ckptplan.values.plan import Plan, as_plan
 from ckptplan.values.profile_types import Profile, Settings
-from ckptplan.verifying.fakerun import fake_run_peak
 from ckptplan.verifying.verification import Verification, verify_plan
 
 ModelArg = torch.nn.Module | str | Path | HubModel

@@ -17,8 +17,8 @@ from ckptplan.loading import load_model_file
 from ckptplan.planning.problem import to_chain
 from ckptplan.planning.schedule_plan import plan_from_schedule
 from ckptplan.solvers.chain import simulate
+from ckptplan.stepping.fakerun import fake_run_peak
 from ckptplan.values.budget import ResolvedBudget
-from ckptplan.verifying.fakerun import fake_run_peak
 from tests.conftest import ROOT
 
 

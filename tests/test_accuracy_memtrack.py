@@ -20,8 +20,8 @@ from ckptplan.planning.schedule_plan import plan_from_schedule
 from ckptplan.profiling.allocmeter import allocator_peak
 from ckptplan.profiling.memtrack import _UNREDUCED_LOSSES, LiveStorageTracker
 from ckptplan.solvers import run_solver
+from ckptplan.stepping.fakerun import fake_run_peak
 from ckptplan.values.budget import ResolvedBudget
-from ckptplan.verifying.fakerun import fake_run_peak
 from ckptplan.verifying.verification import verify_plan
 from tests.conftest import MODELS
 

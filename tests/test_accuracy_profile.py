@@ -18,10 +18,10 @@ from ckptplan.profiling.costs import OpRecorder
 from ckptplan.profiling.profiler import Settings, profile_model
 from ckptplan.profiling.steptiming import median_times
 from ckptplan.solvers.chain import simulate
+from ckptplan.stepping.fakerun import fake_run_peak
 from ckptplan.values.budget import ResolvedBudget
 from ckptplan.values.profile_types import OpRecord
 from ckptplan.verifying import pairtiming
-from ckptplan.verifying.fakerun import fake_run_peak
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)

@@ -21,8 +21,8 @@ from ckptplan.errors import BelowLeastPeak, CkptplanError
 from ckptplan.loading import load_model_file
 from ckptplan.profiling.steptiming import checkpointed
 from ckptplan.profiling.training import make_optimizer
+from ckptplan.stepping.steppeak import StepRun, measured_peak
 from ckptplan.values.plan import Plan, Region
-from ckptplan.verifying.steppeak import StepRun, measured_peak
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.runtime  # run on the lowest and newest torch supported too (.ci/run)

@@ -19,10 +19,10 @@ from ckptplan.progress import QUIET, Progress
 from ckptplan.solvers import SolverOptions, run_solver
 from ckptplan.solvers.chain import Chain, InfeasibleBudget, Schedule, simulate
 from ckptplan.solvers.selective import Combination, Selection, combinations
+from ckptplan.stepping.fakerun import compiled_fake_run, fake_run_peak
 from ckptplan.values.budget import ResolvedBudget
 from ckptplan.values.plan import Plan
 from ckptplan.values.profile_types import Profile
-from ckptplan.verifying.fakerun import compiled_fake_run, fake_run_peak
 
 FAKE_RUN_TRIES = 4
 RELAX_TRIES = 6

@@ -13,9 +13,9 @@ from ckptplan.applying.install import apply
 from ckptplan.errors import CkptplanError
 from ckptplan.loading import Workload
 from ckptplan.profiling.training import make_optimizer
+from ckptplan.stepping.steppeak import StepRun, train_step
 from ckptplan.values.plan import Plan
 from ckptplan.verifying.localrun import baseline_run
-from ckptplan.verifying.steppeak import StepRun, train_step
 
 
 def check_repeats(repeats: int) -> None:
