@@ -27,14 +27,14 @@ from rich.console import Console
 from rich.table import Table
 
 import ckptplan
-from ckptplan.budget import ResolvedBudget, format_bytes
 from ckptplan.loading import load_model_file
 from ckptplan.planning.problem import to_chain
 from ckptplan.planning.schedule_plan import plan_from_schedule
 from ckptplan.profiling.memtrack import keep_freed_host_memory
 from ckptplan.solvers import run_solver
 from ckptplan.solvers.chain import simulate
-from ckptplan.verifying.fakerun import fake_run_peak
+from ckptplan.stepping.fakerun import fake_run_peak
+from ckptplan.values.budget import ResolvedBudget, format_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "accuracy.json"

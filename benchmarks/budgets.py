@@ -21,10 +21,10 @@ from rich.console import Console
 from rich.table import Table
 
 import ckptplan
-from ckptplan.budget import format_bytes
 from ckptplan.planning.problem import to_chain
 from ckptplan.profiling.memtrack import keep_freed_host_memory
 from ckptplan.solvers import run_solver
+from ckptplan.values.budget import format_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "budgets.json"

@@ -29,8 +29,8 @@ import torch
 
 import ckptplan
 from ckptplan.devices import op_kind
-from ckptplan.profile_types import OpRecord
 from ckptplan.profiling.memtrack import keep_freed_host_memory
+from ckptplan.values.profile_types import OpRecord
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "cpu_calibration.json"

@@ -61,11 +61,11 @@ from ckptplan.applying.tensors import training_conventions
 from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError
 from ckptplan.loading import Workload, call_model, load_model_file
-from ckptplan.planning.compiled import CompiledModel, Partition, inductor_backend
-from ckptplan.planning.graphbreaks import counting_breaks
 from ckptplan.profiling.allocmeter import allocator_peak
 from ckptplan.profiling.memtrack import keep_freed_host_memory, storage_bytes
 from ckptplan.profiling.training import make_optimizer, persistent_tensors
+from ckptplan.stepping.compiled import CompiledModel, Partition, inductor_backend
+from ckptplan.stepping.graphbreaks import counting_breaks
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "compile.json"

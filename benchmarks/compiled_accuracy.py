@@ -2,7 +2,7 @@
 
 For every sample model, the plans ``solve(..., compiled=True)`` makes at a few budgets (a
 percentage of the compiled unchecked step): the fake-run peak the plan records (inductor's own
-memory lines, replayed: ``ckptplan.planning.inductor_memory``) beside the CPU allocator's peak of
+memory lines, replayed: ``ckptplan.stepping.inductor_memory``) beside the CPU allocator's peak of
 the same plan compiled by real inductor and run (``verify``), and whether that peak is within the
 budget. A prediction under the measured peak is the one that breaks a budget.
 
@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 import ckptplan
-from ckptplan.budget import format_bytes
+from ckptplan.values.budget import format_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "compiled_accuracy.json"

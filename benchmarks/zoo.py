@@ -42,10 +42,10 @@ from ckptplan.callerstate import seed_all
 from ckptplan.devices import get_device
 from ckptplan.errors import BelowLeastPeak, CkptplanError
 from ckptplan.loading import call_model, load_model_file
-from ckptplan.plan import Plan
 from ckptplan.profiling.memtrack import keep_freed_host_memory
 from ckptplan.profiling.opsequence import first_divergence, step_ops
 from ckptplan.profiling.training import cast_model
+from ckptplan.values.plan import Plan
 from ckptplan.verifying.peers import measure_change
 
 ROOT = Path(__file__).resolve().parent.parent

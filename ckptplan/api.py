@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 
-from ckptplan.budget import Budget, ResolvedBudget, format_bytes, parse_budget
 from ckptplan.callerstate import keeps_random_state
 from ckptplan.deprecation import old_spellings
 from ckptplan.devices import held_back_percent
@@ -45,7 +44,6 @@ from ckptplan.options import (
     options_from,
     precision,
 )
-from ckptplan.plan import Plan, as_plan
 from ckptplan.planning.distributed import per_rank
 from ckptplan.planning.opgraph import GapReport, optimality_gap
 from ckptplan.planning.problem import selective_menus, to_chain
@@ -53,13 +51,15 @@ from ckptplan.planning.scaleout import sharding_advice
 from ckptplan.planning.schedule_plan import plan_from_schedule
 from ckptplan.planning.search import Search, search_plan
 from ckptplan.planning.simulate import predict
-from ckptplan.profile_types import Profile, Settings
 from ckptplan.profiling.profiler import profile_model
 from ckptplan.profiling.training import dtype_name, optimizer_name
 from ckptplan.progress import QUIET, Progress
 from ckptplan.solvers import BASELINES, SOLVERS, SolverName, run_solver
 from ckptplan.solvers.chain import InfeasibleBudget
-from ckptplan.verifying.fakerun import fake_run_peak
+from ckptplan.stepping.fakerun import fake_run_peak
+from ckptplan.values.budget import Budget, ResolvedBudget, format_bytes, parse_budget
+from ckptplan.values.plan import Plan, as_plan
+from ckptplan.values.profile_types import Profile, Settings
 from ckptplan.verifying.verification import Verification, verify_plan
 
 ModelArg = torch.nn.Module | str | Path | HubModel

@@ -29,7 +29,6 @@ from typing import Any
 import torch
 
 from ckptplan.api import load_workload, solve_with
-from ckptplan.budget import Budget, format_bytes, parse_budget
 from ckptplan.deprecation import old_spellings
 from ckptplan.errors import BelowLeastPeak, CkptplanError, option
 from ckptplan.hub import HubModel
@@ -45,9 +44,10 @@ from ckptplan.options import (
     Target,
     options_from,
 )
-from ckptplan.plan import Plan
 from ckptplan.progress import QUIET, Progress
 from ckptplan.solvers import SolverName
+from ckptplan.values.budget import Budget, format_bytes, parse_budget
+from ckptplan.values.plan import Plan
 
 VARY = ("batch", "seq-len")
 

@@ -32,9 +32,9 @@ Note [pricing a compiled step]
     trace time (its tags go to the partitioner), so it costs no time per op call and needs no
     margin to pay for itself (``Device.compiled``).
 
-    The fake run of a compiled step executes inductor's partition (``planning.compiled``): its
+    The fake run of a compiled step executes inductor's partition (``stepping.compiled``): its
     saved tensors are inductor's own, and what each graph holds while it runs is inductor's own
-    memory lines, replayed (``planning.inductor_memory``), with library kernels' buffers measured
+    memory lines, replayed (``stepping.inductor_memory``), with library kernels' buffers measured
     apart. On the ViT sample's selective plans that matches the CPU allocator to bytes where op
     by op eager kernels were up to 9% under; on GPT and UNet plans it is up to 9% over
     (``benchmarks/compiled_accuracy.py``), never under. The lines are those of the backend

@@ -24,10 +24,10 @@ where it is made:
 - ``KINETO_LOG_LEVEL`` (``profiling.allocmeter``): kineto reads it when the profiler first
   starts; ``torch.profiler`` takes no log level.
 - functorch's ``activation_memory_budget`` (``verifying.peers``) and ``enable_autograd_cache``
-  (``planning.compiled``), inductor's ``fx_graph_cache`` and ``fallback_random``
-  (``planning.inductor_memory``, ``verifying.verification``): the compilers read only their
+  (``stepping.compiled``), inductor's ``fx_graph_cache`` and ``fallback_random``
+  (``stepping.inductor_memory``, ``verifying.verification``): the compilers read only their
   configs.
-- inductor's ``PythonWrapperCodegen.memory_plan_reuse`` (``planning.inductor_memory``): the
+- inductor's ``PythonWrapperCodegen.memory_plan_reuse`` (``stepping.inductor_memory``): the
   one point where the lowered graph's buffer plan can be read before it is run.
 - the global random generators (``callerstate``): a public entry point seeds them for its
   runs and puts the caller's states back; models draw from them, not from a generator passed.

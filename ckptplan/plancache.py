@@ -30,14 +30,14 @@ import torch
 
 from ckptplan import __version__, api
 from ckptplan.applying.install import refuse_unapplicable
-from ckptplan.budget import Budget, parse_budget
 from ckptplan.errors import CkptplanError
 from ckptplan.fingerprint import inputs_signature, model_fingerprint
 from ckptplan.loading import Inputs, as_inputs
 from ckptplan.options import Parallel, ProfileOptions, SolveOptions
-from ckptplan.plan import Plan
 from ckptplan.profiling.training import dtype_name
 from ckptplan.progress import Progress
+from ckptplan.values.budget import Budget, parse_budget
+from ckptplan.values.plan import Plan
 
 log = logging.getLogger("ckptplan")
 

@@ -22,8 +22,8 @@ import torch
 
 from ckptplan.applying.install import apply as apply_plan
 from ckptplan.deprecation import moved_to, old_spellings
-from ckptplan.plan import Plan
 from ckptplan.progress import QUIET, Progress
+from ckptplan.values.plan import Plan
 
 if TYPE_CHECKING:
     from ckptplan.loading import Inputs

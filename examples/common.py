@@ -21,8 +21,8 @@ import torch.distributed as dist
 
 from ckptplan.errors import CkptplanError
 from ckptplan.loading import Inputs, Workload, call_model, load_model_file
-from ckptplan.plan import Plan
 from ckptplan.planning.distributed import RankMemory
+from ckptplan.values.plan import Plan
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = ROOT / "sample_models" / "gpt.py"

@@ -13,12 +13,12 @@ from __future__ import annotations
 import pytest
 
 import ckptplan
-from ckptplan.budget import ResolvedBudget
 from ckptplan.loading import load_model_file
 from ckptplan.planning.problem import to_chain
 from ckptplan.planning.schedule_plan import plan_from_schedule
 from ckptplan.solvers.chain import simulate
-from ckptplan.verifying.fakerun import fake_run_peak
+from ckptplan.stepping.fakerun import fake_run_peak
+from ckptplan.values.budget import ResolvedBudget
 from tests.conftest import ROOT
 
 

@@ -14,14 +14,14 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import ckptplan
-from ckptplan.budget import ResolvedBudget
 from ckptplan.loading import load_model_file
 from ckptplan.planning.problem import to_chain
 from ckptplan.planning.schedule_plan import plan_from_schedule
 from ckptplan.profiling.allocmeter import allocator_peak
 from ckptplan.profiling.memtrack import _UNREDUCED_LOSSES, LiveStorageTracker
 from ckptplan.solvers import run_solver
-from ckptplan.verifying.fakerun import fake_run_peak
+from ckptplan.stepping.fakerun import fake_run_peak
+from ckptplan.values.budget import ResolvedBudget
 from ckptplan.verifying.verification import verify_plan
 from tests.conftest import MODELS
 

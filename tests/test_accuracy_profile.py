@@ -9,19 +9,19 @@ import pytest
 from torch.utils.module_tracker import ModuleTracker
 
 import ckptplan
-from ckptplan.budget import ResolvedBudget
 from ckptplan.devices import get_device, op_kind
 from ckptplan.loading import load_model_file
 from ckptplan.planning.problem import to_chain
 from ckptplan.planning.schedule_plan import plan_from_schedule
-from ckptplan.profile_types import OpRecord
 from ckptplan.profiling import stepruns
 from ckptplan.profiling.costs import OpRecorder
 from ckptplan.profiling.profiler import Settings, profile_model
 from ckptplan.profiling.steptiming import median_times
 from ckptplan.solvers.chain import simulate
+from ckptplan.stepping.fakerun import fake_run_peak
+from ckptplan.values.budget import ResolvedBudget
+from ckptplan.values.profile_types import OpRecord
 from ckptplan.verifying import pairtiming
-from ckptplan.verifying.fakerun import fake_run_peak
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)

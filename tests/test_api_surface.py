@@ -19,12 +19,12 @@ from click.testing import CliRunner
 
 import ckptplan
 from ckptplan import devices
-from ckptplan.budget import ResolvedBudget
 from ckptplan.cli.main import cli
 from ckptplan.deprecation import fields_of
 from ckptplan.errors import BelowLeastPeak
 from ckptplan.loading import load_model_file
 from ckptplan.options import Parallel, ProfileOptions, SolveOptions
+from ckptplan.values.budget import ResolvedBudget
 from tests.conftest import MODELS
 
 TINY = MODELS / "tiny_gpt.py"

@@ -16,10 +16,10 @@ import torch
 
 import ckptplan
 from ckptplan import api
-from ckptplan.budget import Budget
 from ckptplan.errors import CkptplanError
 from ckptplan.loading import load_model_file
 from ckptplan.plancache import CACHE_ENV
+from ckptplan.values.budget import Budget
 from tests.conftest import MODELS, ROOT
 
 pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)

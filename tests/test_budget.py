@@ -2,8 +2,8 @@ import re
 
 import pytest
 
-from ckptplan.budget import format_budget_at_least, format_bytes, parse_budget
 from ckptplan.errors import CkptplanError
+from ckptplan.values.budget import format_budget_at_least, format_bytes, parse_budget
 
 pytestmark = pytest.mark.torchfree
 

@@ -334,7 +334,7 @@ def test_show_prints_the_settings_a_plan_assumed(run, tiny_gpt, tmp_path) -> Non
 
 
 def test_sweep_figures_say_what_they_show_and_every_point_is_a_plan(run, tiny_gpt, tmp_path):
-    from ckptplan.plan import Plan
+    from ckptplan.values.plan import Plan
 
     svg, plans = tmp_path / "frontier.svg", tmp_path / "plans"
     args = ["--batch-size", "2", "--points", "3", "--budget", "80%"]
@@ -387,7 +387,7 @@ def test_sweep_verify_measures_torch_compiles_budget_beside_the_plans(tiny_gpt) 
     """``sweep --verify`` measured none of compile's budgets ('dict' object has no attribute
     'dtype', logged and skipped)."""
     from ckptplan.api import load_workload
-    from ckptplan.profile_types import Settings
+    from ckptplan.values.profile_types import Settings
     from ckptplan.verifying.sweep import SweepOptions, sweep
 
     options = SweepOptions(points=2, every=(), verify=True, repeats=1, compile_budgets=(0.5,))

@@ -20,8 +20,8 @@ from torch._functorch.aot_autograd import make_boxed_func
 import ckptplan
 import ckptplan.rewriting.graph
 from ckptplan.loading import ModelFile, call_model, load_model_file
-from ckptplan.plan import Plan
 from ckptplan.profiling.training import make_optimizer
+from ckptplan.values.plan import Plan
 from tests.conftest import MODELS, ROOT
 from tests.test_rewrite import original_name, plan_for
 
@@ -191,7 +191,7 @@ def test_the_compile_budget_peer_runs_tied_weights() -> None:
     GPT whose head is tied to its embedding (dropout off: torch 2.13's compiled dropout draws
     other masks than eager)."""
     from ckptplan.loading import LiveModel
-    from ckptplan.plan import PlanSettings
+    from ckptplan.values.plan import PlanSettings
     from ckptplan.verifying.peers import measure_compile_budget
 
     module = load_model_file(ROOT / "sample_models" / "gpt.py").module

@@ -17,8 +17,8 @@ from torch import nn
 
 from ckptplan.cli.main import cli
 from ckptplan.loading import load_model_file
-from ckptplan.plan import Plan
-from ckptplan.verifying.fakerun import compiled_fake_run
+from ckptplan.stepping.fakerun import compiled_fake_run
+from ckptplan.values.plan import Plan
 from tests.test_rewrite import plan_for
 
 pytestmark = pytest.mark.slow  # compiles with inductor (README: the default tier keeps one case)

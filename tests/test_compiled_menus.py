@@ -11,11 +11,11 @@ import torch
 from torch import nn
 
 import ckptplan
-from ckptplan.plan import Region
-from ckptplan.planning.compiled import CompiledModel, Partition, partitioning_backend
 from ckptplan.planning.problem import block_forward_ops, op_names, selective_menus
-from ckptplan.policy_types import OpCall, Policy
-from ckptplan.profile_types import Profile
+from ckptplan.stepping.compiled import CompiledModel, Partition, partitioning_backend
+from ckptplan.values.plan import Region
+from ckptplan.values.policy_types import OpCall, Policy
+from ckptplan.values.profile_types import Profile
 
 WIDTH = 32
 BATCH = 256

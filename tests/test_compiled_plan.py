@@ -1,6 +1,6 @@
 """Plans for ``torch.compile``d training (``solve(..., compiled=True)``), held to inductor itself.
 
-The plan's fake run partitions the step as inductor does (``ckptplan.planning.compiled``); here real
+The plan's fake run partitions the step as inductor does (``ckptplan.stepping.compiled``); here real
 inductor compiles the planned model, and its partition, its allocator-measured peak and its
 gradients (dropout on) are checked against the plan, the budget and eager training.
 ``fallback_random`` makes inductor draw eager's random numbers, so gradients compare seed for
@@ -20,11 +20,11 @@ from torch._inductor import config as inductor_config
 
 import ckptplan
 from ckptplan.loading import load_model_file
-from ckptplan.plan import Plan
-from ckptplan.planning.compiled import CompiledModel, Partition, inductor_backend
 from ckptplan.profiling.allocmeter import allocator_peak
 from ckptplan.profiling.memtrack import storage_bytes
 from ckptplan.profiling.training import make_optimizer, persistent_tensors
+from ckptplan.stepping.compiled import CompiledModel, Partition, inductor_backend
+from ckptplan.values.plan import Plan
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
@@ -264,11 +264,11 @@ def test_the_compiled_fake_run_holds_what_inductors_fused_recompute_holds(region
     their first use in backward, which writes out every block's residual at once; eager
     kernels run op by op missed that: 5.3% and 6.5% over the allocator on these plans, and on
     128x128 images up to 9% under. The fake run replays inductor's own allocation lines
-    (``planning.inductor_memory``)."""
+    (``stepping.inductor_memory``)."""
     from ckptplan.loading import LiveModel
-    from ckptplan.plan import Region
-    from ckptplan.policy_types import OpCall, Policy
-    from ckptplan.verifying.fakerun import compiled_fake_run
+    from ckptplan.stepping.fakerun import compiled_fake_run
+    from ckptplan.values.plan import Region
+    from ckptplan.values.policy_types import OpCall, Policy
 
     module = load_model_file(ROOT / "sample_models" / "vit.py").module
     torch.manual_seed(0)
@@ -350,9 +350,9 @@ def test_the_compiled_fake_run_counts_flash_attentions_own_buffers() -> None:
     from transformers import ViTConfig, ViTForImageClassification
 
     from ckptplan.loading import LiveModel
-    from ckptplan.plan import Region
-    from ckptplan.policy_types import OpCall, Policy
-    from ckptplan.verifying.fakerun import compiled_fake_run
+    from ckptplan.stepping.fakerun import compiled_fake_run
+    from ckptplan.values.plan import Region
+    from ckptplan.values.policy_types import OpCall, Policy
 
     config = ViTConfig(
         image_size=64, patch_size=8, hidden_size=64, num_hidden_layers=4,

@@ -21,14 +21,14 @@ import pytest
 import torch
 
 import ckptplan
-from ckptplan.budget import ResolvedBudget, parse_budget
 from ckptplan.errors import CkptplanError
-from ckptplan.plan import Plan
 from ckptplan.planning.distributed import per_rank
 from ckptplan.planning.problem import selective_menus, to_chain
 from ckptplan.planning.schedule_plan import plan_from_schedule
 from ckptplan.profiling.training import make_optimizer
 from ckptplan.solvers import run_solver
+from ckptplan.values.budget import ResolvedBudget, parse_budget
+from ckptplan.values.plan import Plan
 from tests.conftest import MODELS, ROOT
 
 pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)

@@ -143,7 +143,7 @@ def test_end_to_end_internal_error_in_a_real_process(tmp_path):
     """A real ``python -m ckptplan``: a malformed plan that trips a bug-like failure."""
     code = (
         "import sys, ckptplan.cli.main as c\n"
-        "from ckptplan.plan import Plan\n"
+        "from ckptplan.values.plan import Plan\n"
         "def load(path): return {}['missing']\n"
         "Plan.load = staticmethod(load)\n"
         "sys.argv = ['ckptplan', 'show', 'plan.json']\n"

@@ -10,9 +10,9 @@ import ckptplan
 from ckptplan.applying.gpukernels import FLASH
 from ckptplan.errors import CkptplanError
 from ckptplan.loading import load_model_file
-from ckptplan.plan import Plan, Region
-from ckptplan.policy_types import OpCall, Policy
 from ckptplan.profiling.training import cast_model
+from ckptplan.values.plan import Plan, Region
+from ckptplan.values.policy_types import OpCall, Policy
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)

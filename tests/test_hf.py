@@ -19,7 +19,7 @@ import torch
 
 import ckptplan
 from ckptplan.loading import load_model_file
-from ckptplan.plan import Plan
+from ckptplan.values.plan import Plan
 from tests.conftest import MODELS
 
 pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)

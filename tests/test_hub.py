@@ -87,7 +87,7 @@ def test_solve_plans_a_config_folder(folders, name: str, tmp_path) -> None:
     args += ["-o", str(plan_path)] + ([] if name == "vit" else ["--seq-len", "256"])
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
-    plan = ckptplan.plan.Plan.load(plan_path)
+    plan = ckptplan.Plan.load(plan_path)
     assert plan.regions, "the layers are found and planned"
     assert plan.predicted.fake_run_peak_bytes <= plan.budget.bytes
 

@@ -24,7 +24,7 @@ from huggingface_hub import constants  # noqa: E402
 from ckptplan.cli.main import cli  # noqa: E402
 from ckptplan.errors import CkptplanError  # noqa: E402
 from ckptplan.hub import HubModel  # noqa: E402
-from ckptplan.plan import Plan  # noqa: E402
+from ckptplan.values.plan import Plan  # noqa: E402
 from tests.test_cli import assert_one_line_error  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Inductor's memory lines replayed (``ckptplan.planning.inductor_memory``): the compiled fake
+"""Inductor's memory lines replayed (``ckptplan.stepping.inductor_memory``): the compiled fake
 run's figure for what a graph holds while it runs. The allocator-measured checks are in
 ``tests/test_compiled_plan.py`` (slow tier)."""
 
@@ -11,8 +11,8 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._inductor.compile_fx import select_decomp_table
 
-from ckptplan.planning.compiled import CompiledModel, Partition, partitioning_backend
-from ckptplan.planning.inductor_memory import GraphMemory, graph_memory
+from ckptplan.stepping.compiled import CompiledModel, Partition, partitioning_backend
+from ckptplan.stepping.inductor_memory import GraphMemory, graph_memory
 
 N = 64
 FLOAT = 4

@@ -1,7 +1,7 @@
 """A module that runs several times in one forward is planned call by call.
 
 ALBERT runs one shared layer group once per layer, SimCLR one backbone once per view: each call
-is a unit (``ckptplan.unit_names``), the solver chooses per call, and ``apply`` checkpoints
+is a unit (``ckptplan.values.unit_names``), the solver chooses per call, and ``apply`` checkpoints
 exactly the planned calls, counted per forward of the model (``ckptplan.applying.calls``).
 """
 
@@ -19,10 +19,10 @@ from torch import nn
 import ckptplan
 from ckptplan.errors import BelowLeastPeak, CkptplanError
 from ckptplan.loading import load_model_file
-from ckptplan.plan import Plan, Region
 from ckptplan.profiling.steptiming import checkpointed
 from ckptplan.profiling.training import make_optimizer
-from ckptplan.verifying.steppeak import StepRun, measured_peak
+from ckptplan.stepping.steppeak import StepRun, measured_peak
+from ckptplan.values.plan import Plan, Region
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.runtime  # run on the lowest and newest torch supported too (.ci/run)

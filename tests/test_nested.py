@@ -14,13 +14,13 @@ import torch
 
 import ckptplan
 from ckptplan.applying.tensors import training_conventions
-from ckptplan.budget import ResolvedBudget
 from ckptplan.loading import call_model, load_model_file
 from ckptplan.planning.problem import to_chain
 from ckptplan.planning.schedule_plan import plan_from_schedule
 from ckptplan.profiling.profiler import Profile
 from ckptplan.solvers.chain import AfterCode, Chain, Enclosure, InfeasibleBudget, simulate
 from ckptplan.solvers.dp import solve
+from ckptplan.values.budget import ResolvedBudget
 from tests.conftest import ROOT
 from tests.test_chain_solvers import all_segmentations_fast, random_chain
 

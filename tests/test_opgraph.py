@@ -8,7 +8,6 @@ import pytest
 import torch
 from torch.utils.module_tracker import ModuleTracker
 
-from ckptplan.budget import ResolvedBudget
 from ckptplan.devices import get_device
 from ckptplan.loading import LiveModel, load_model_file
 from ckptplan.planning.opgraph import optimality_gap, schedule_of_plan, to_remat_problem
@@ -19,6 +18,7 @@ from ckptplan.profiling.profiler import Settings, profile_model
 from ckptplan.solvers import run_solver
 from ckptplan.solvers.remat import topological_order
 from ckptplan.solvers.remat_check import check_schedule
+from ckptplan.values.budget import ResolvedBudget
 from tests.conftest import MODELS, ROOT
 
 HUGE = 1 << 60

@@ -20,11 +20,11 @@ import pytest
 import torch
 
 import ckptplan
-import ckptplan.pipeline_types
+import ckptplan.values.pipeline_types
 from ckptplan.errors import CkptplanError
-from ckptplan.pipeline_types import Pipeline, balanced_split, in_flight
-from ckptplan.plan import Plan
 from ckptplan.profiling.training import make_optimizer
+from ckptplan.values.pipeline_types import Pipeline, balanced_split, in_flight
+from ckptplan.values.plan import Plan
 from tests.conftest import MODELS, ROOT
 from tests.test_distributed import common
 
@@ -55,7 +55,7 @@ def model_file() -> ModuleType:
 
 
 def test_doctests_of_the_counts_and_the_split() -> None:
-    assert doctest.testmod(ckptplan.pipeline_types).failed == 0
+    assert doctest.testmod(ckptplan.values.pipeline_types).failed == 0
 
 
 def test_in_flight_counts() -> None:

@@ -11,11 +11,11 @@ from dataclasses import replace
 
 import pytest
 
-from ckptplan.budget import ResolvedBudget
 from ckptplan.loading import load_model_file
 from ckptplan.planning.problem import selective_menus, to_chain
 from ckptplan.planning.schedule_plan import plan_from_schedule
 from ckptplan.profiling.profiler import Profile, Settings, profile_model
+from ckptplan.values.budget import ResolvedBudget
 from solvers import run_solver
 from tests.conftest import MODELS
 

@@ -17,10 +17,10 @@ from rich.console import Console
 import ckptplan
 from ckptplan.cli.regions import regions_words
 from ckptplan.cli.report import show_plan, show_sweep, show_verification
-from ckptplan.plan import Region
-from ckptplan.policy_types import OpCall, Policy
-from ckptplan.profile_types import Settings
 from ckptplan.quietlogs import fake_run_logs_quieted, library_noise_quieted
+from ckptplan.values.plan import Region
+from ckptplan.values.policy_types import OpCall, Policy
+from ckptplan.values.profile_types import Settings
 from ckptplan.verifying.sweep import Sweep, SweepPoint
 from ckptplan.verifying.verification import Verification
 from ckptplan.wording import ByteUnit

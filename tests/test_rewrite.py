@@ -29,8 +29,8 @@ from ckptplan.applying import policy as policy_runtime
 from ckptplan.errors import CkptplanError
 from ckptplan.fingerprint import model_fingerprint
 from ckptplan.loading import ModelFile, call_model, load_model_file
-from ckptplan.plan import Plan
-from ckptplan.policy_types import Choice
+from ckptplan.values.plan import Plan
+from ckptplan.values.policy_types import Choice
 from tests.conftest import MODELS, ROOT
 
 

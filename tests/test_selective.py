@@ -12,9 +12,7 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import ckptplan
-from ckptplan.budget import ResolvedBudget
 from ckptplan.loading import load_model_file
-from ckptplan.plan import Plan
 from ckptplan.planning.problem import (
     block_forward_ops,
     op_names,
@@ -24,11 +22,13 @@ from ckptplan.planning.problem import (
 )
 from ckptplan.planning.schedule_plan import plan_from_schedule
 from ckptplan.planning.search import selective_pays
-from ckptplan.profile_types import OpRecord
 from ckptplan.profiling.profiler import Settings, profile_model
 from ckptplan.solvers import run_solver
 from ckptplan.solvers.selective import SaveItem, frontier
-from ckptplan.verifying.fakerun import fake_run_peak
+from ckptplan.stepping.fakerun import fake_run_peak
+from ckptplan.values.budget import ResolvedBudget
+from ckptplan.values.plan import Plan
+from ckptplan.values.profile_types import OpRecord
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow  # the default tier keeps one case of each behaviour (README)
@@ -264,7 +264,7 @@ def test_offloaded_ops_are_not_rerun_and_gradients_match(tiny_gpt) -> None:
 
 def test_a_fake_run_counts_offloaded_outputs_off_the_device(tiny_gpt) -> None:
     """The fake run models a device with a host link: offloaded outputs leave device memory."""
-    from ckptplan.verifying.fakerun import fake_run_peak
+    from ckptplan.stepping.fakerun import fake_run_peak
 
     model_file = load_model_file(tiny_gpt)
     plan = ckptplan.solve(tiny_gpt, budget="1.0", solver="none", batch_size=2, fake_run=False)
@@ -298,7 +298,7 @@ def test_a_segment_of_blocks_under_one_policy_is_predicted_and_exact() -> None:
     across both blocks, the fake run confirms the chain's peak, gradients match."""
     from ckptplan.planning.schedule_plan import plan_from_schedule
     from ckptplan.solvers.chain import simulate
-    from ckptplan.verifying.fakerun import fake_run_peak
+    from ckptplan.stepping.fakerun import fake_run_peak
 
     model = ROOT / "sample_models" / "mlp.py"
     profile = replace(ckptplan.profile(model, batch_size=8), policy_op_time=0.0)
@@ -323,7 +323,7 @@ def test_kept_outputs_past_the_last_save_stay_through_backward(gpt_profile) -> N
     it through the block's backward, and the fake run agrees."""
     from ckptplan.planning.schedule_plan import plan_from_schedule
     from ckptplan.solvers.chain import simulate
-    from ckptplan.verifying.fakerun import fake_run_peak
+    from ckptplan.stepping.fakerun import fake_run_peak
 
     menus = selective_menus(gpt_profile)
     chain = to_chain(gpt_profile, menus=menus)

@@ -8,10 +8,10 @@ from dataclasses import replace
 
 import pytest
 
-from ckptplan.peak_event import OUTSIDE_PHASES, EventKind, PeakEvent
-from ckptplan.phase import Direction, Phase, Where
-from ckptplan.plan import Plan, PlanSettings
-from ckptplan.prediction import Prediction, StagePrediction
+from ckptplan.values.peak_event import OUTSIDE_PHASES, EventKind, PeakEvent
+from ckptplan.values.phase import Direction, Phase, Where
+from ckptplan.values.plan import Plan, PlanSettings
+from ckptplan.values.prediction import Prediction, StagePrediction
 from tests.test_torch_free import imports_without_torch
 
 pytestmark = pytest.mark.torchfree
@@ -206,6 +206,8 @@ def test_a_hand_written_plan_predicting_only_its_peak_loads() -> None:
     assert prediction.peak_bytes == 5 and prediction.overhead == 0.0
 
 
-@pytest.mark.parametrize("module", ["ckptplan.phase", "ckptplan.peak_event", "ckptplan.prediction"])
+@pytest.mark.parametrize(
+    "module", ["ckptplan.values.phase", "ckptplan.values.peak_event", "ckptplan.values.prediction"]
+)
 def test_the_typed_values_import_without_torch(module: str) -> None:
     assert imports_without_torch(module).returncode == 0

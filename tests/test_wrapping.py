@@ -15,8 +15,8 @@ import torch
 import ckptplan
 from ckptplan.errors import CkptplanError
 from ckptplan.loading import load_model_file
-from ckptplan.plan import Plan, Region
-from ckptplan.policy_types import OpCall, Policy
+from ckptplan.values.plan import Plan, Region
+from ckptplan.values.policy_types import OpCall, Policy
 from tests.conftest import MODELS, ROOT
 from tests.test_rewrite import plan_for
 

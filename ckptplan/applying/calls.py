@@ -1,7 +1,7 @@
 """Which region a call of a shared module belongs to: calls counted per forward of the model.
 
 A module that runs several times in one forward (ALBERT's shared layer, a backbone run on two
-views) is planned call by call (``ckptplan.unit_names``). Its member ``__call__`` asks its
+views) is planned call by call (``ckptplan.values.unit_names``). Its member ``__call__`` asks its
 ``CallRoute`` where call ``k`` of this forward goes; a call the plan does not name (one past the
 calls the profile saw) runs plainly, unchecked, which never changes a gradient.
 

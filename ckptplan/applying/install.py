@@ -39,8 +39,8 @@ from ckptplan.applying.stats import AppliedPlan, RegionStats, Reporter, region_n
 from ckptplan.applying.tensors import training_conventions
 from ckptplan.errors import CkptplanError
 from ckptplan.fingerprint import check_model_matches
-from ckptplan.plan import Plan, Region, as_plan
-from ckptplan.unit_names import split_unit
+from ckptplan.values.plan import Plan, Region, as_plan
+from ckptplan.values.unit_names import split_unit
 
 log = logging.getLogger("ckptplan")
 

@@ -8,8 +8,8 @@ from dataclasses import replace
 import torch
 
 from ckptplan.errors import CkptplanError, option
-from ckptplan.pipeline_types import parameters_digest
-from ckptplan.plan import Plan
+from ckptplan.values.pipeline_types import parameters_digest
+from ckptplan.values.plan import Plan
 
 
 def stage_plan(model: torch.nn.Module, plan: Plan, stage: int, force: bool = False) -> Plan:

@@ -3,7 +3,7 @@
 This module needs only torch, because it is the policy of two things: ``ckptplan.apply``'s
 regions run it, and ``ckptplan rewrite`` copies its code (everything below the imports) into
 the files it writes, so a rewritten model decides exactly as an applied one does. A policy's
-op calls come as ``(op, k)`` pairs, as ``ckptplan.policy_types.OpCall`` holds them: the k-th
+op calls come as ``(op, k)`` pairs, as ``ckptplan.values.policy_types.OpCall`` holds them: the k-th
 call of the overload ``namespace.op.overload`` in the region, counting from 0, or every call
 for k None. (No ``from __future__`` import: the copy runs as written.)
 """

@@ -37,7 +37,7 @@ from ckptplan.applying.policy import OpCalls, op_overload, selective_contexts
 from ckptplan.applying.stats import RegionStats, Reporter, region_name
 from ckptplan.applying.tensors import first_tensor
 from ckptplan.errors import CkptplanError, option
-from ckptplan.policy_types import OpCall, Policy
+from ckptplan.values.policy_types import OpCall, Policy
 
 
 @dataclass

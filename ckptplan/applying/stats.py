@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ckptplan.applying.tensors import first_tensor
-from ckptplan.policy_types import Policy
+from ckptplan.values.policy_types import Policy
 
 log = logging.getLogger("ckptplan")
 

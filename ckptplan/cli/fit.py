@@ -54,8 +54,8 @@ def fit_command(
     as_json: bool,
 ) -> None:
     """The largest batch (or sequence length) of MODEL whose best plan fits BUDGET."""
-    from ckptplan.budget import parse_budget
     from ckptplan.capacity import fit_with
+    from ckptplan.values.budget import parse_budget
 
     if vary == "batch" and step.batch_size is not None:
         raise UserError("--batch-size is what fit finds; leave it out, or use --vary seq-len")

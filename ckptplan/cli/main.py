@@ -41,8 +41,8 @@ from ckptplan.cli.remat import remat
 from ckptplan.cli.sweep import sweep_command
 from ckptplan.errors import DEBUG_ENV
 from ckptplan.options import Parallel, ProfileOptions, SolveOptions
-from ckptplan.pipeline_types import Pipeline, stage_lines
-from ckptplan.plan import Plan
+from ckptplan.values.pipeline_types import Pipeline, stage_lines
+from ckptplan.values.plan import Plan
 
 
 @click.group(
@@ -111,7 +111,7 @@ def solve(
 ) -> None:
     """Profile MODEL on fake tensors and find the plan that fits BUDGET."""
     from ckptplan.api import load_workload, solve_with
-    from ckptplan.budget import parse_budget
+    from ckptplan.values.budget import parse_budget
 
     if step.measure:
         tune_for_timing()
@@ -171,8 +171,8 @@ def _solve_pipeline(
     """``solve --pipeline-stages``: one plan with a section per stage
     (``ckptplan.planning.pipeline``)."""
     from ckptplan.api import load_workload
-    from ckptplan.budget import parse_budget
     from ckptplan.planning.pipeline import solve_pipeline_with
+    from ckptplan.values.budget import parse_budget
 
     if search.scope != "step" or step.compiled:
         raise UserError(
@@ -286,7 +286,7 @@ def rewrite(
 def show(plan_file: str, as_json: bool) -> None:
     """Print a plan, the settings it assumed and its prediction, without loading its model."""
     from ckptplan.cli.report import show_plan
-    from ckptplan.plan import Plan
+    from ckptplan.values.plan import Plan
 
     plan = Plan.load(plan_file)
     if as_json:
@@ -368,8 +368,8 @@ def gap(model: str, budget: str, time_limit: float, step: ProfileOptions, as_jso
     such a schedule. For small models: a few hundred ops prove optimal in a minute.
     """
     from ckptplan.api import load_workload, optimality_gap_with
-    from ckptplan.budget import parse_budget
     from ckptplan.cli.report import show_gap
+    from ckptplan.values.budget import parse_budget
 
     with progress_display(as_json) as progress:
         progress.phase("solving with auto and with the exact ILP")

@@ -17,7 +17,6 @@ from typing import Any
 
 import click
 
-from ckptplan.budget import parse_budget
 from ckptplan.cli.boundary import UserError
 from ckptplan.devices import DEVICES
 from ckptplan.errors import CkptplanError
@@ -35,6 +34,7 @@ from ckptplan.options import (
     precision,
 )
 from ckptplan.solvers import SOLVERS
+from ckptplan.values.budget import parse_budget
 
 MODEL_HELP = "MODEL: a model file (model.py), MODULE:FUNCTION, or hf:NAME_OR_DIR."
 
@@ -335,7 +335,7 @@ def pipeline_options(command: Callable[..., Any]) -> Callable[..., Any]:
         stage_split: str | None,
         **kwargs: Any,
     ) -> Any:
-        from ckptplan.pipeline_types import Pipeline
+        from ckptplan.values.pipeline_types import Pipeline
 
         given = {"--microbatches": microbatches, "--schedule": schedule}
         given |= {"--stages-per-rank": stages_per_rank, "--stage-split": stage_split}

@@ -10,8 +10,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ckptplan.phase import Phase
 from ckptplan.profiling.describe import describe_units
+from ckptplan.values.phase import Phase
 from ckptplan.wording import ByteUnit, batch_words
 
 

@@ -3,7 +3,7 @@
 call)``), and a selective policy as what it keeps and offloads (``keeps 6 tensors: 5 matmul
 outputs, 1 attention output``), not as op calls (``mm#0, mm#1, …``).
 
->>> from ckptplan.policy_types import OpCall, Policy
+>>> from ckptplan.values.policy_types import OpCall, Policy
 >>> keeps = Policy((OpCall("aten.mm.default", 0), OpCall("aten.mm.default", 1)))
 >>> regions = [Region(("b.0", "b.1")), *(Region((f"b.{i}",), policy=keeps) for i in (2, 3))]
 >>> regions_words(regions)
@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ckptplan.plan import Region
-from ckptplan.policy_types import Choice, OpCall, Policy
+from ckptplan.values.plan import Region
+from ckptplan.values.policy_types import Choice, OpCall, Policy
 
 _OP_WORDS = {
     ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear"): "matmul output",

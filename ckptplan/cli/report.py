@@ -10,10 +10,10 @@ from rich.console import Console
 from rich.table import Table
 
 from ckptplan.cli.regions import regions_words, tensors_words
-from ckptplan.plan import Plan
-from ckptplan.policy_types import Choice
-from ckptplan.prediction import Prediction
 from ckptplan.profiling.describe import describe_units
+from ckptplan.values.plan import Plan
+from ckptplan.values.policy_types import Choice
+from ckptplan.values.prediction import Prediction
 from ckptplan.wording import SPREAD_NOTE, ByteUnit, batch_words, percent, ratio, with_spread
 
 

@@ -74,8 +74,8 @@ def sweep_command(
 ) -> None:
     """The memory/step-time frontier of every strategy: none, full, every-k, sqrt, dp, auto."""
     from ckptplan.api import load_workload, settings_of
-    from ckptplan.budget import parse_budget
     from ckptplan.cli.report import show_sweep
+    from ckptplan.values.budget import parse_budget
     from ckptplan.verifying.sweep import SweepOptions, sweep
     from ckptplan.verifying.sweep import save_plans as write_plans
     from ckptplan.verifying.sweep_plot import save_plot, terminal_plot

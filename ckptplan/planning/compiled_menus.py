@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ckptplan.profile_types import OpRecord
 from ckptplan.solvers.selective import Selection, thin
+from ckptplan.values.profile_types import OpRecord
 
 PEELED_OPS = 96
 """Blocks with up to this many keepable ops also get the greedy peel's options (its cost

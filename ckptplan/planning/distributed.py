@@ -38,10 +38,10 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ckptplan.errors import CkptplanError, option
 from ckptplan.patching import patched
-from ckptplan.peak_event import PeakEvent
-from ckptplan.phase import Direction, Phase
-from ckptplan.profile_types import BlockProfile, Gap, Profile
 from ckptplan.profiling.memtrack import LiveStorageTracker, storage_key
+from ckptplan.values.peak_event import PeakEvent
+from ckptplan.values.phase import Direction, Phase
+from ckptplan.values.profile_types import BlockProfile, Gap, Profile
 
 MODES = ("fsdp", "ddp")
 FSDP_GROUP_BYTES = 64

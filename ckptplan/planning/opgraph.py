@@ -33,16 +33,16 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ckptplan.phase import Direction, Phase
-from ckptplan.plan import Plan
 from ckptplan.planning.problem import block_forward_ops, op_names, selective_menus
 from ckptplan.planning.schedule_plan import region_policy
-from ckptplan.policy_types import Policy
-from ckptplan.profile_types import Profile
 from ckptplan.solvers.chain import Chain, Schedule, validate_segments
 from ckptplan.solvers.remat import RematNode, RematProblem, solve
 from ckptplan.solvers.remat_check import check_schedule
 from ckptplan.solvers.selective import Selection
+from ckptplan.values.phase import Direction, Phase
+from ckptplan.values.plan import Plan
+from ckptplan.values.policy_types import Policy
+from ckptplan.values.profile_types import Profile
 
 TIME_UNIT = 1e-9
 """Seconds per unit of node cost: integer nanoseconds."""

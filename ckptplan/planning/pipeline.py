@@ -1,7 +1,7 @@
 """One budget and one plan per pipeline stage (``torch.distributed.pipelining``, torchtitan).
 
 A stage's activation memory is set by how many microbatches its schedule keeps in flight on
-it (``ckptplan.pipeline_types.in_flight``). The model is profiled once at the microbatch size
+it (``ckptplan.values.pipeline_types.in_flight``). The model is profiled once at the microbatch size
 (``batch_size / microbatches``, on fake tensors), its chain of blocks split into contiguous
 stages, and each rank's plan chosen as the one of least recompute whose pipeline peak fits:
 
@@ -25,7 +25,6 @@ from typing import Any
 import torch
 
 from ckptplan import api
-from ckptplan.budget import Budget, ResolvedBudget, parse_budget
 from ckptplan.callerstate import keeps_random_state
 from ckptplan.deprecation import old_spellings
 from ckptplan.devices import held_back_percent
@@ -42,12 +41,8 @@ from ckptplan.options import (
     Target,
     options_from,
 )
-from ckptplan.pipeline_types import Pipeline, balanced_split, in_flight, parameters_digest
-from ckptplan.plan import Plan, Region, StagePlan
 from ckptplan.planning.problem import selective_menus, to_chain
 from ckptplan.planning.schedule_plan import plan_from_schedule
-from ckptplan.prediction import StagePrediction
-from ckptplan.profile_types import Profile
 from ckptplan.progress import QUIET, Progress
 from ckptplan.solvers import SolverName, SolverOptions, run_solver
 from ckptplan.solvers.chain import (
@@ -58,6 +53,11 @@ from ckptplan.solvers.chain import (
     runs,
     simulate,
 )
+from ckptplan.values.budget import Budget, ResolvedBudget, parse_budget
+from ckptplan.values.pipeline_types import Pipeline, balanced_split, in_flight, parameters_digest
+from ckptplan.values.plan import Plan, Region, StagePlan
+from ckptplan.values.prediction import StagePrediction
+from ckptplan.values.profile_types import Profile
 
 BISECT_STEPS = 24
 

@@ -20,15 +20,15 @@ from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError
 from ckptplan.options import SCOPES
 from ckptplan.planning.compiled_menus import compiled_menu, dataflow
-from ckptplan.profile_types import (
+from ckptplan.solvers.chain import AfterCode, BlockOption, Chain, ChainBlock, Enclosure
+from ckptplan.solvers.selective import SaveItem, Selection, frontier
+from ckptplan.values.profile_types import (
     BlockProfile,
     OpRecord,
     Profile,
     block_forward_records,
     replayed_count,
 )
-from ckptplan.solvers.chain import AfterCode, BlockOption, Chain, ChainBlock, Enclosure
-from ckptplan.solvers.selective import SaveItem, Selection, frontier
 
 MENU_POINTS = 16
 """Selective options per block: enough to span the frontier (on the small GPT of

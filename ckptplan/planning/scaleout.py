@@ -11,13 +11,13 @@ sharding does not help, and the message says what does.
 
 from __future__ import annotations
 
-from ckptplan.budget import format_bytes
 from ckptplan.errors import option
 from ckptplan.planning.distributed import per_rank
 from ckptplan.planning.problem import to_chain
-from ckptplan.profile_types import Profile
 from ckptplan.solvers import run_solver
 from ckptplan.solvers.chain import InfeasibleBudget
+from ckptplan.values.budget import format_bytes
+from ckptplan.values.profile_types import Profile
 
 MAX_RANKS = 1024
 

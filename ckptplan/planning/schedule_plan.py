@@ -7,14 +7,14 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 
-from ckptplan.budget import ResolvedBudget
-from ckptplan.plan import Plan, PlanBudget, PlanSettings, Region
 from ckptplan.planning.problem import block_forward_ops
 from ckptplan.planning.simulate import predict
-from ckptplan.policy_types import Choice, OpCall, Policy
-from ckptplan.profile_types import OpRecord, Profile
 from ckptplan.solvers.chain import Chain, Schedule
 from ckptplan.solvers.selective import Selection
+from ckptplan.values.budget import ResolvedBudget
+from ckptplan.values.plan import Plan, PlanBudget, PlanSettings, Region
+from ckptplan.values.policy_types import Choice, OpCall, Policy
+from ckptplan.values.profile_types import OpRecord, Profile
 
 
 def plan_from_schedule(

@@ -8,21 +8,21 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ckptplan.budget import ResolvedBudget
 from ckptplan.devices import Device, get_device
 from ckptplan.errors import BelowLeastPeak
 from ckptplan.loading import Workload
 from ckptplan.options import Parallel
-from ckptplan.plan import Plan
 from ckptplan.planning.joined import fastest_fitting, joined_runs
 from ckptplan.planning.problem import selective_menus, to_chain
 from ckptplan.planning.schedule_plan import plan_from_schedule
-from ckptplan.profile_types import Profile
 from ckptplan.progress import QUIET, Progress
 from ckptplan.solvers import SolverOptions, run_solver
 from ckptplan.solvers.chain import Chain, InfeasibleBudget, Schedule, simulate
 from ckptplan.solvers.selective import Combination, Selection, combinations
-from ckptplan.verifying.fakerun import compiled_fake_run, fake_run_peak
+from ckptplan.stepping.fakerun import compiled_fake_run, fake_run_peak
+from ckptplan.values.budget import ResolvedBudget
+from ckptplan.values.plan import Plan
+from ckptplan.values.profile_types import Profile
 
 FAKE_RUN_TRIES = 4
 RELAX_TRIES = 6

@@ -6,10 +6,10 @@ module adds what a person wants to read: which event peaks and what the bytes th
 
 from __future__ import annotations
 
-from ckptplan.peak_event import EventKind, PeakEvent
-from ckptplan.prediction import Prediction
-from ckptplan.profile_types import Profile
 from ckptplan.solvers.chain import Chain, Schedule
+from ckptplan.values.peak_event import EventKind, PeakEvent
+from ckptplan.values.prediction import Prediction
+from ckptplan.values.profile_types import Profile
 
 
 def _gradients_at(profile: Profile, event: PeakEvent) -> int:

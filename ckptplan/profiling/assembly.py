@@ -13,13 +13,13 @@ from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError, option
 from ckptplan.fingerprint import inputs_signature, model_fingerprint
 from ckptplan.loading import Workload
-from ckptplan.peak_event import OUTSIDE_PHASES, PeakEvent
-from ckptplan.phase import Direction, Phase
-from ckptplan.profile_types import BlockProfile, Gap, Profile, Settings
 from ckptplan.profiling.costs import OpRecorder
 from ckptplan.profiling.memtrack import TrackedPhase, storage_bytes
 from ckptplan.profiling.steprecorder import StepRecorder
 from ckptplan.profiling.stepruns import Blocks
+from ckptplan.values.peak_event import OUTSIDE_PHASES, PeakEvent
+from ckptplan.values.phase import Direction, Phase
+from ckptplan.values.profile_types import BlockProfile, Gap, Profile, Settings
 
 _TAIL = (Phase.post(Direction.FORWARD), Phase.post(Direction.BACKWARD))
 """The phases between the last block's forward and its backward."""

@@ -1,4 +1,4 @@
-"""Module hooks per unit when a unit is one call of a module (``ckptplan.unit_names``).
+"""Module hooks per unit when a unit is one call of a module (``ckptplan.values.unit_names``).
 
 A module that runs several times in one forward is several units, one per call; hooks
 registered per unit would each fire at every call. Here each module gets one pre-hook and one
@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from ckptplan.unit_names import split_unit
+from ckptplan.values.unit_names import split_unit
 
 Hook = Callable[..., Any]
 

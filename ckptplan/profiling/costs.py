@@ -25,9 +25,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.module_tracker import ModuleTracker
 
 from ckptplan.devices import Device, op_kind
-from ckptplan.profile_types import OpRecord
 from ckptplan.profiling.memtrack import real_storage_bytes
 from ckptplan.profiling.rnn import workspace_bytes
+from ckptplan.values.profile_types import OpRecord
 
 
 def _sdpa_cpu_flops(args: tuple[Any, ...], backward: bool) -> float:

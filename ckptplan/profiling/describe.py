@@ -1,11 +1,11 @@
 """The chain of units in one line, as reports print it: runs of like siblings, and of calls of
-one module (``ckptplan.unit_names``), folded together (``ckptplan.cli.regions`` words a plan's
-regions).
+one module (``ckptplan.values.unit_names``), folded together (``ckptplan.cli.regions`` words a
+plan's regions).
 """
 
 from __future__ import annotations
 
-from ckptplan.unit_names import split_unit
+from ckptplan.values.unit_names import split_unit
 
 
 def describe_units(paths: list[str], classes: list[str]) -> str:

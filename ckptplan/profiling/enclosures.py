@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
-from ckptplan.profile_types import EnclosingModule
 from ckptplan.profiling.callhooks import unit_hooks
 from ckptplan.profiling.memtrack import LiveStorageTracker
-from ckptplan.unit_names import split_unit
+from ckptplan.values.profile_types import EnclosingModule
+from ckptplan.values.unit_names import split_unit
 
 
 @dataclass

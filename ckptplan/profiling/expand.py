@@ -20,10 +20,10 @@ import dataclasses
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ckptplan.phase import Direction, Phase, Where
-from ckptplan.profile_types import BlockProfile, OpRecord, Profile
 from ckptplan.profiling.costs import phase_totals
 from ckptplan.profiling.runlayout import Layout, NotReplicable, Role, Slot, relative, renamed
+from ckptplan.values.phase import Direction, Phase, Where
+from ckptplan.values.profile_types import BlockProfile, OpRecord, Profile
 
 
 def _affine(base: Any, steps: list[tuple[Any, Any, int]]) -> Any:

@@ -260,7 +260,7 @@ def fused() -> Iterator[None]:
 class CompiledStepTracker(LiveStorageTracker):
     """The tracker over a ``torch.compile``d step: declared an infrastructure mode, as dynamo
     runs compiled frames only under those. The graphs it then sees run eager kernels
-    (``ckptplan.planning.compiled.partitioning_backend``), so it counts every buffer they allocate.
+    (``ckptplan.stepping.compiled.partitioning_backend``), so it counts every buffer they allocate.
 
     The partitioner replays a recomputed random op through a higher-order op that restores the
     RNG state (``run_with_rng_state``): it runs with this mode set aside, its outputs counted.
@@ -319,7 +319,7 @@ class CompiledStepTracker(LiveStorageTracker):
 
 def compiled_step_tracker() -> CompiledStepTracker | None:
     """The ``CompiledStepTracker`` counting the step now running, if any: a compiled graph
-    runs below dispatch modes, so it reports its own buffers (``planning.inductor_memory``)."""
+    runs below dispatch modes, so it reports its own buffers (``stepping.inductor_memory``)."""
     return _COMPILED_STEP.get()
 
 

@@ -38,7 +38,6 @@ from ckptplan.applying.tensors import training_conventions
 from ckptplan.devices import Device, get_device
 from ckptplan.errors import CkptplanError, raised_by_ckptplan
 from ckptplan.loading import Workload, build_fake, describe_exception
-from ckptplan.profile_types import Profile, Settings
 from ckptplan.profiling.assembly import assemble
 from ckptplan.profiling.costs import OpRecorder
 from ckptplan.profiling.everyblock import EveryBlockRuns
@@ -57,7 +56,8 @@ from ckptplan.profiling.training import (
 )
 from ckptplan.profiling.units import find_units
 from ckptplan.quietlogs import torch_logs_quieted
-from ckptplan.unit_names import split_unit
+from ckptplan.values.profile_types import Profile, Settings
+from ckptplan.values.unit_names import split_unit
 
 
 @torch_logs_quieted()

@@ -36,10 +36,10 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ckptplan.fingerprint import model_fingerprint
-from ckptplan.profile_types import Profile
 from ckptplan.profiling.expand import expanded
 from ckptplan.profiling.runlayout import Layout, NotReplicable, owners_of_updates, renamed
-from ckptplan.unit_names import split_unit
+from ckptplan.values.profile_types import Profile
+from ckptplan.values.unit_names import split_unit
 
 MIN_RUN = 16
 """The shortest run replicated: the three traces run 12 blocks, and the code outside the blocks

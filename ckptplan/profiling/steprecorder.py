@@ -18,12 +18,12 @@ from torch.utils import _pytree as pytree
 from torch.utils.module_tracker import ModuleTracker
 
 from ckptplan.applying.tensors import first_tensor
-from ckptplan.phase import Direction, Phase
 from ckptplan.profiling.callhooks import unit_hooks
 from ckptplan.profiling.costs import OpRecorder
 from ckptplan.profiling.enclosures import EnclosureRecorder
 from ckptplan.profiling.everyblock import host_random_state
 from ckptplan.profiling.memtrack import LiveStorageTracker, storage_bytes, storage_key
+from ckptplan.values.phase import Direction, Phase
 
 
 class QuietModuleTracker(ModuleTracker):

@@ -16,13 +16,13 @@ from ckptplan.applying.tensors import first_tensor
 from ckptplan.devices import Device
 from ckptplan.errors import CkptplanError
 from ckptplan.loading import Workload, call_model
-from ckptplan.phase import Direction, Phase
 from ckptplan.profiling.costs import OpRecorder
 from ckptplan.profiling.enclosures import EnclosureRecorder
 from ckptplan.profiling.memtrack import LiveStorageTracker, gradients_counted, storage_bytes
 from ckptplan.profiling.steprecorder import QuietModuleTracker, StepRecorder
 from ckptplan.profiling.training import autocast_context, persistent_tensors
 from ckptplan.profiling.workspace import Workspaces
+from ckptplan.values.phase import Direction, Phase
 
 Blocks = list[tuple[str, torch.nn.Module]]
 

@@ -21,7 +21,6 @@ from torch.utils.checkpoint import (
 
 from ckptplan.devices import Device
 from ckptplan.loading import Workload
-from ckptplan.profile_types import OpRecord, block_forward_records, replayed_count
 from ckptplan.profiling.costs import OpRecorder
 from ckptplan.profiling.steprecorder import QuietModuleTracker
 from ckptplan.profiling.stepruns import (
@@ -31,6 +30,7 @@ from ckptplan.profiling.stepruns import (
     instrumented_step,
     plain_step,
 )
+from ckptplan.values.profile_types import OpRecord, block_forward_records, replayed_count
 
 MEASURED_STEPS = 3
 """Real steps timed op by op with ``--measure`` (each op's median is kept)."""

@@ -14,8 +14,9 @@ module tree, in the order the step runs them, not only the children of its large
   convolutions inside a block) never replace their block, and blocks that do not feed one
   another (the experts of a mixture-of-experts layer, parallel branches) stay inside it;
 - a block with weights that runs several times in one forward (ALBERT's one layer group run
-  once per layer, a backbone run on two views) is one unit per call (``ckptplan.unit_names``),
-  unless its own repeated blocks give units: then each of their calls is one.
+  once per layer, a backbone run on two views) is one unit per call
+  (``ckptplan.values.unit_names``), unless its own repeated blocks give units: then each of
+  their calls is one.
 
 Which modules run, how often and in what order is read off one real (or fake) forward, so the
 order is the execution order, not the order of definition (CLIP runs its vision tower first).
@@ -51,7 +52,7 @@ from torch.utils import _pytree as pytree
 from ckptplan.applying.layered_rnn import RecurrentLayer
 from ckptplan.errors import CkptplanError, option
 from ckptplan.profiling.rnn import stacked_layers_advice
-from ckptplan.unit_names import split_unit, unit_name
+from ckptplan.values.unit_names import split_unit, unit_name
 
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential)
 _UNCALLED = (torch.nn.ModuleList, torch.nn.ModuleDict)  # hold modules, never called
@@ -149,7 +150,7 @@ def find_units(
 ) -> list[tuple[str, torch.nn.Module]]:
     """The chain of units, in execution order: modules matching ``pattern`` (comma-separated
     globs over module paths), or by default the repeated blocks of every stage and the shared
-    blocks. A module that runs several times is one unit per call (``ckptplan.unit_names``).
+    blocks. A module that runs several times is one unit per call (``ckptplan.values.unit_names``).
 
     ``run_forward`` runs the model's forward once (it may run a whole step).
     """

@@ -26,8 +26,8 @@ from torch.fx.graph import _custom_builtins
 from ckptplan.applying import policy as policy_runtime
 from ckptplan.applying.policy import selective
 from ckptplan.errors import CkptplanError
-from ckptplan.policy_types import OpCall
 from ckptplan.rewriting.runtime import if_training, norm_once
+from ckptplan.values.policy_types import OpCall
 
 _MODULE_ATTRIBUTES = frozenset(torch.nn.Module().__dict__)
 

@@ -45,16 +45,16 @@ from torch.utils.checkpoint import checkpoint
 
 from ckptplan.applying.install import refuse_wrapped
 from ckptplan.applying.policy import selective
-from ckptplan.budget import format_bytes
 from ckptplan.errors import CkptplanError, option
 from ckptplan.fingerprint import check_model_matches
 from ckptplan.hub import HubModel, is_hub_name
 from ckptplan.loading import load_model_file
-from ckptplan.plan import Plan, Region, as_plan
-from ckptplan.policy_types import OpCall, Policy
 from ckptplan.rewriting.codegen import RegionInfo, source
 from ckptplan.rewriting.extract import trace
 from ckptplan.rewriting.runtime import norm_once
+from ckptplan.values.budget import format_bytes
+from ckptplan.values.plan import Plan, Region, as_plan
+from ckptplan.values.policy_types import OpCall, Policy
 
 __all__ = ["RegionInfo", "rewrite", "rewrite_file", "save", "source"]
 

@@ -1,5 +1,5 @@
 """A candidate step measured against the unchecked baseline on the local device: gradients,
-steady-state peak (``ckptplan.verifying.steppeak``) and paired step times
+steady-state peak (``ckptplan.stepping.steppeak``) and paired step times
 (``ckptplan.verifying.pairtiming``)."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from typing import Any
 import torch
 
 from ckptplan.loading import Workload
-from ckptplan.plan import PlanSettings
 from ckptplan.profiling.training import make_optimizer
+from ckptplan.stepping.steppeak import StepRun, measured_peak, tracked_peak
+from ckptplan.values.plan import PlanSettings
 from ckptplan.verifying.gradcompare import max_grad_abs_diff
 from ckptplan.verifying.pairtiming import pair_ratios, paired_times
-from ckptplan.verifying.steppeak import StepRun, measured_peak, tracked_peak
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ import torch
 from ckptplan.applying.tensors import training_conventions
 from ckptplan.errors import CkptplanError
 from ckptplan.loading import Workload
-from ckptplan.plan import PlanSettings
 from ckptplan.profiling.training import cast_floating, cast_model, parse_dtype
+from ckptplan.values.plan import PlanSettings
 
 
 def run_device(device: str | None) -> torch.device:

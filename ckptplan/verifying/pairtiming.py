@@ -12,10 +12,10 @@ import torch
 from ckptplan.applying.install import apply
 from ckptplan.errors import CkptplanError
 from ckptplan.loading import Workload
-from ckptplan.plan import Plan
 from ckptplan.profiling.training import make_optimizer
+from ckptplan.stepping.steppeak import StepRun, train_step
+from ckptplan.values.plan import Plan
 from ckptplan.verifying.localrun import baseline_run
-from ckptplan.verifying.steppeak import StepRun, train_step
 
 
 def check_repeats(repeats: int) -> None:

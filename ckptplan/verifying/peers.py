@@ -12,7 +12,7 @@ import torch
 
 from ckptplan.loading import Workload
 from ckptplan.patching import patched_config
-from ckptplan.plan import PlanSettings
+from ckptplan.values.plan import PlanSettings
 from ckptplan.verifying.comparison import Comparison, compare
 from ckptplan.verifying.localrun import baseline_run, run_device
 

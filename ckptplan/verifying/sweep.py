@@ -15,10 +15,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ckptplan.budget import ResolvedBudget, format_budget_at_least
 from ckptplan.devices import get_device
 from ckptplan.loading import Workload
-from ckptplan.plan import Plan, PlanSettings
 from ckptplan.planning.problem import selective_menus, to_chain
 from ckptplan.planning.schedule_plan import plan_from_schedule
 from ckptplan.planning.search import selective_pays
@@ -27,6 +25,8 @@ from ckptplan.progress import QUIET, Progress
 from ckptplan.solvers import baselines, dp
 from ckptplan.solvers.chain import Schedule
 from ckptplan.solvers.selective import thin
+from ckptplan.values.budget import ResolvedBudget, format_budget_at_least
+from ckptplan.values.plan import Plan, PlanSettings
 from ckptplan.verifying.peers import measure_compile_budget
 from ckptplan.verifying.verification import verify_plan
 from ckptplan.wording import batch_words

@@ -1,7 +1,7 @@
 """Ground truth for one plan: its training step measured on the local device against the
 unchecked step of the same model and batch (docs/design.md §8), as a ``Verification``.
 
-Memory is the peak of one steady-state step (``ckptplan.verifying.steppeak``), with the profiler's
+Memory is the peak of one steady-state step (``ckptplan.stepping.steppeak``), with the profiler's
 live-storage tracker's figure beside the allocator's on CPU; time is the median of paired
 steps (``ckptplan.verifying.pairtiming``); gradients are compared after the same seeded forward and
 backward, dropout included (``ckptplan.verifying.gradcompare``). A plan made for ``torch.compile``
@@ -22,9 +22,9 @@ from ckptplan.applying.install import apply
 from ckptplan.errors import CkptplanError, option
 from ckptplan.loading import Workload
 from ckptplan.patching import patched_config
-from ckptplan.plan import Plan, PlanSettings
-from ckptplan.planning.compiled import CompiledModel, Partition, inductor_backend
-from ckptplan.planning.graphbreaks import counting_breaks
+from ckptplan.stepping.compiled import CompiledModel, Partition, inductor_backend
+from ckptplan.stepping.graphbreaks import counting_breaks
+from ckptplan.values.plan import Plan, PlanSettings
 from ckptplan.verifying.comparison import Comparison, compare
 from ckptplan.verifying.gradcompare import seeded_grads
 from ckptplan.verifying.localrun import baseline_run, run_device

@@ -4,7 +4,7 @@ Built from AlbertConfig with the library's defaults (one layer group of one laye
 weights every layer shares, factorised embeddings, GELU-new, dropout 0 as ALBERT's defaults
 set it, tied MLM head). Non-default: sizes only (6 layers, hidden 256, 4 heads, MLP 1024,
 embeddings 128, vocab 1024, 512 positions). The shared layer group runs 6 times per forward:
-each call is a unit of its own (``ckptplan.unit_names``). The labels are the input ids at
+each call is a unit of its own (``ckptplan.values.unit_names``). The labels are the input ids at
 about 15% of the positions and -100 (ignored) elsewhere.
 """
 

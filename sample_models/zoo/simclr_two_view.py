@@ -7,7 +7,7 @@ over the 2N projections, each view's positive being the other view of its image.
 PyTorch (SimCLR has no library of its own), PyTorch's defaults throughout (initialisation,
 BatchNorm momentum). Sizes: width 32, projection 128, 16 images of 16px per view, 80K
 parameters. Each block runs twice per step, once per view: each call is a unit of its own
-(``ckptplan.unit_names``). The views are drawn in ``example_inputs`` (a flip and a brightness
+(``ckptplan.values.unit_names``). The views are drawn in ``example_inputs`` (a flip and a brightness
 jitter, a shifted crop and noise), so the step itself draws no random numbers.
 """
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ckptplan.planning.compiled import Partition
+from ckptplan.stepping.compiled import Partition
 
 
 @contextmanager

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from ckptplan.phase import Direction, Phase
+from ckptplan.values.phase import Direction, Phase
 
 
 class EventKind(Enum):

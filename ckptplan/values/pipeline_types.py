@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from ckptplan.budget import format_bytes
 from ckptplan.errors import CkptplanError, option
-from ckptplan.plan import Plan
+from ckptplan.values.budget import format_bytes
+from ckptplan.values.plan import Plan
 
 ScheduleName = Literal["gpipe", "1f1b", "interleaved-1f1b"]
 SCHEDULES: tuple[str, ...] = get_args(ScheduleName)

@@ -17,9 +17,6 @@ from ckptplan.applying.tensors import training_conventions
 from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError, raised_by_ckptplan
 from ckptplan.loading import Workload, build_fake
-from ckptplan.plan import Plan
-from ckptplan.planning.compiled import CompiledModel, Partition, partitioning_backend
-from ckptplan.planning.graphbreaks import counting_breaks
 from ckptplan.profiling.everyblock import EveryBlockRuns
 from ckptplan.profiling.fakepaths import real_step_paths
 from ckptplan.profiling.memtrack import CompiledStepTracker, LiveStorageTracker
@@ -31,7 +28,10 @@ from ckptplan.profiling.training import (
     parse_dtype,
 )
 from ckptplan.quietlogs import fake_run_logs_quieted
-from ckptplan.verifying.steppeak import StepRun, measured_peak, tracked_peak
+from ckptplan.stepping.compiled import CompiledModel, Partition, partitioning_backend
+from ckptplan.stepping.graphbreaks import counting_breaks
+from ckptplan.stepping.steppeak import StepRun, measured_peak, tracked_peak
+from ckptplan.values.plan import Plan
 
 
 @fake_run_logs_quieted(GUARD_WARNINGS)
@@ -61,7 +61,7 @@ def compiled_fake_run(model_file: Workload, plan: Plan) -> tuple[int, Partition]
     """The step peak of ``torch.compile`` after ``apply(model, plan)`` (a plan of no regions:
     the unchecked model), and the partition it made (with the graphs compiled and the graph
     breaks), on fake tensors: inductor's decompositions and
-    partitioner with eager kernels (``ckptplan.planning.compiled``). The caller's own compiled code
+    partitioner with eager kernels (``ckptplan.stepping.compiled``). The caller's own compiled code
     is left as it was (Note [compiling without touching the caller's caches]).
     """
     log = Partition()

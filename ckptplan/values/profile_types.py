@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptplan.phase import Phase
+from ckptplan.values.phase import Phase
 
 
 @dataclass
@@ -91,7 +91,7 @@ class Settings:
     """Time every op on the local device (a real step) instead of the roofline estimate."""
     compiled: bool = False
     """The step runs under ``torch.compile``: priced fused, its peak taken from the partition
-    AOTAutograd makes (``ckptplan.planning.compiled``)."""
+    AOTAutograd makes (``ckptplan.stepping.compiled``)."""
 
 
 @dataclass(frozen=True)

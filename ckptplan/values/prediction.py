@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptplan.plan_fields import known_fields, value_from_json
+from ckptplan.values.plan_fields import known_fields, value_from_json
 
 
 @dataclass(frozen=True)

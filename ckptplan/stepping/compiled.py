@@ -33,8 +33,8 @@ import torch
 import torch.fx
 
 from ckptplan.patching import patched_config
-from ckptplan.planning.inductor_memory import GraphMemory, graph_memory
 from ckptplan.profiling.memtrack import CompiledStepTracker, compiled_step_tracker, fused
+from ckptplan.stepping.inductor_memory import GraphMemory, graph_memory
 
 
 @dataclass
@@ -49,7 +49,7 @@ class Partition:
     compiled_graphs: int = 0
     """Forward graphs compiled: one per dynamo graph, more after a recompilation."""
     graph_breaks: int = 0
-    """Graph breaks while compiling (``planning.graphbreaks``): where dynamo split a frame's graph,
+    """Graph breaks while compiling (``stepping.graphbreaks``): where dynamo split a frame's graph,
     and frames it ran eagerly whole after a break it could not resume from (in a loop)."""
     lowered_graphs: int = 0
     """Graphs, forward and backward, whose memory was read from inductor's lowering

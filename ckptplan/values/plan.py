@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from ckptplan.errors import CkptplanError
-from ckptplan.plan_fields import known_fields, value_from_json
-from ckptplan.policy_types import Policy
-from ckptplan.prediction import Prediction, StagePrediction
-from ckptplan.profile_types import Settings
-from ckptplan.unit_names import split_unit, unit_name
+from ckptplan.values.plan_fields import known_fields, value_from_json
+from ckptplan.values.policy_types import Policy
+from ckptplan.values.prediction import Prediction, StagePrediction
+from ckptplan.values.profile_types import Settings
+from ckptplan.values.unit_names import split_unit, unit_name
 
 SCHEMA = "ckptplan.plan/1"
 
@@ -46,7 +46,7 @@ class Region:
 
     @property
     def units(self) -> tuple[str, ...]:
-        """The members' unit names (``ckptplan.unit_names``): paths, with the call where set."""
+        """The members' unit names (``unit_names``): paths, with the call where set."""
         calls = self.calls or (None,) * len(self.modules)
         return tuple(unit_name(m, c) for m, c in zip(self.modules, calls, strict=True))
 
