@@ -48,7 +48,8 @@ from ckptplan.applying.policy import selective
 from ckptplan.budget import format_bytes
 from ckptplan.errors import CkptplanError, option
 from ckptplan.fingerprint import check_model_matches
-from ckptplan.hub import HubModel, is_hub_name
+from ckptplan.hub import HubModel
+from ckptplan.huggingface import is_hub_name
 from ckptplan.loading import load_model_file
 from ckptplan.plan import Plan, Region, as_plan
 from ckptplan.policy_types import OpCall, Policy
