@@ -25,6 +25,9 @@ from ckptplan.huggingface import (
     CONFIG_FILE,
     HUB_PREFIX,
     HUB_TASKS,
+    INPUT_IDS,
+    LABELS,
+    PIXEL_VALUES,
     architecture_task,
 )
 from ckptplan.loading import Inputs, default_loss
@@ -86,7 +89,7 @@ class HubModel:
         as the plan's batch size is taken, without ``--seq-len`` said again."""
         if not isinstance(signature, dict):
             return self
-        ids, pixels = signature.get("input_ids"), signature.get("pixel_values")
+        ids, pixels = signature.get(INPUT_IDS), signature.get(PIXEL_VALUES)
         seq_len = self.seq_len
         if seq_len is None and _recorded_shape(ids, 2):
             seq_len = ids[0][1]
@@ -146,8 +149,8 @@ class HubModel:
             size = self.image_size or int(getattr(config, "image_size", 224))
             channels = getattr(config, "num_channels", 3)
             return {
-                "pixel_values": torch.randn(batch, channels, size, size),
-                "labels": torch.randint(0, config.num_labels, (batch,)),
+                PIXEL_VALUES: torch.randn(batch, channels, size, size),
+                LABELS: torch.randint(0, config.num_labels, (batch,)),
             }
         vocab = getattr(config, "vocab_size", None)
         if not vocab:
@@ -160,8 +163,8 @@ class HubModel:
             )
         ids = torch.randint(0, vocab, (batch, seq_len))
         if task == "sequence-classification":
-            return {"input_ids": ids, "labels": torch.randint(0, config.num_labels, (batch,))}
-        return {"input_ids": ids, "labels": ids.clone()}
+            return {INPUT_IDS: ids, LABELS: torch.randint(0, config.num_labels, (batch,))}
+        return {INPUT_IDS: ids, LABELS: ids.clone()}
 
     def loss(self, output: Any) -> torch.Tensor:
         return default_loss(output)

@@ -44,6 +44,13 @@ _ARCHITECTURE_TASKS = {
 }
 """Suffix of an architecture's class name -> the task its head trains for."""
 
+INPUT_IDS = "input_ids"
+"""A text model's batch: token ids, ``(batch, seq_len)``."""
+PIXEL_VALUES = "pixel_values"
+"""An image model's batch: ``(batch, channels, side, side)``."""
+LABELS = "labels"
+"""The batch's targets: a model given them computes its own loss (``output_loss``)."""
+
 LAYERDROP = ("layerdrop", "encoder_layerdrop", "decoder_layerdrop")
 """Where a model keeps its LayerDrop probability: on its config (wav2vec 2.0), or copied onto
 the module (BART's ``self.layerdrop``)."""

@@ -17,10 +17,13 @@ transformers = pytest.importorskip("transformers")
 
 from ckptplan.huggingface import (  # noqa: E402
     AUTO_CLASSES,
+    INPUT_IDS,
+    LABELS,
     LAYERDROP,
     LOG_NOISE,
     MASKING_MODULE,
     PACKED_SEQUENCES,
+    PIXEL_VALUES,
     architecture_task,
     checkpointing_disable,
     checkpointing_layers,
@@ -96,13 +99,21 @@ def test_a_base_model_names_no_task() -> None:
 def test_the_models_own_loss_is_read_only_when_it_computed_one() -> None:
     model = tiny_gpt2()
     ids = torch.randint(0, 64, (2, 8))
-    labelled = model(input_ids=ids, labels=ids)
+    labelled = model(**{INPUT_IDS: ids, LABELS: ids})
     loss = output_loss(labelled)
     assert loss is labelled.loss
     assert loss is not None and loss.requires_grad
-    assert output_loss(model(input_ids=ids)) is None  # no labels, no loss
+    assert output_loss(model(**{INPUT_IDS: ids})) is None  # no labels, no loss
     assert output_loss((torch.ones(2),)) is None
     assert output_loss(types.SimpleNamespace(loss=3.0)) is None  # not a tensor
+
+
+def test_an_image_model_takes_its_batch_by_the_names_given() -> None:
+    config = CONFIGS["image-classification"]()
+    model = transformers.ViTForImageClassification(config).train()
+    pixels = torch.randn(2, config.num_channels, config.image_size, config.image_size)
+    loss = output_loss(model(**{PIXEL_VALUES: pixels, LABELS: torch.tensor([0, 2])}))
+    assert loss is not None and loss.requires_grad
 
 
 def test_every_config_a_model_holds_is_found_once() -> None:
