@@ -6,9 +6,11 @@ Every stage meets some of them (loading builds an ``hf:`` model, profiling answe
 question, the runtime refuses its checkpointing inside a region), and transformers changes them
 between releases (``gradient_checkpointing_enable`` became ``activation_checkpointing_enable``),
 so they are kept here, where a new release is checked against one file; the behaviour built on
-them stays with its stage. This module imports only the standard library: the runtime, the
-CLI's torch-free entry (which reads ``HUB_PREFIX``) and every stage may import it. transformers
-is never imported here; what it has loaded is read from ``sys.modules``.
+them stays with its stage (``tests/test_huggingface.py`` checks the names against the
+installed transformers). This module imports only the standard library (torch only inside
+``output_loss``, whose callers hold a model's output), so the runtime, the CLI's torch-free
+entry (its ``--task`` choices) and every stage may import it; transformers is never imported
+here.
 """
 
 from __future__ import annotations
