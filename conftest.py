@@ -18,7 +18,7 @@ from tests.test_torch_free import TORCH_FREE
 ROOT = Path(__file__).resolve().parent
 DECLARED = "pytestmark = pytest.mark.torchfree"
 TORCH_FREE_SOURCES = frozenset(
-    ROOT.joinpath(*module.split(".")[1:]).with_suffix(".py")
+    ROOT.joinpath(*module.split(".")).with_suffix(".py")
     for module in TORCH_FREE
     if module.startswith("ckptplan.")
 )

@@ -57,9 +57,9 @@ from torch._inductor import config as inductor_config
 from torch.utils._pytree import tree_map
 
 import ckptplan
-from ckptplan.applying.tensors import training_conventions
 from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError
+from ckptplan.huggingface import training_conventions
 from ckptplan.loading import Workload, call_model, load_model_file
 from ckptplan.profiling.allocmeter import allocator_peak
 from ckptplan.profiling.memtrack import keep_freed_host_memory, storage_bytes

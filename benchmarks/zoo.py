@@ -37,10 +37,10 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 import ckptplan
-from ckptplan.applying.tensors import training_conventions
 from ckptplan.callerstate import seed_all
 from ckptplan.devices import get_device
 from ckptplan.errors import BelowLeastPeak, CkptplanError
+from ckptplan.huggingface import training_conventions
 from ckptplan.loading import call_model, load_model_file
 from ckptplan.profiling.memtrack import keep_freed_host_memory
 from ckptplan.profiling.opsequence import first_divergence, step_ops

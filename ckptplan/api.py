@@ -29,7 +29,8 @@ from ckptplan.callerstate import keeps_random_state
 from ckptplan.deprecation import old_spellings
 from ckptplan.devices import held_back_percent
 from ckptplan.errors import BelowLeastPeak, CkptplanError, option
-from ckptplan.hub import HubModel, is_hub_name
+from ckptplan.hub import HubModel
+from ckptplan.huggingface import is_hub_name
 from ckptplan.loading import Inputs, LiveModel, Workload, load_model_file
 from ckptplan.options import (
     Autocast,

@@ -20,38 +20,20 @@ from typing import Any, TypeGuard
 import torch
 
 from ckptplan.errors import CkptplanError, option
+from ckptplan.huggingface import (
+    AUTO_CLASSES,
+    CONFIG_FILE,
+    HUB_PREFIX,
+    HUB_TASKS,
+    INPUT_IDS,
+    LABELS,
+    PIXEL_VALUES,
+    architecture_task,
+)
 from ckptplan.loading import Inputs, default_loss
-from ckptplan.options import HUB_PREFIX, HUB_TASKS
 
 DEFAULT_SEQ_LEN = 512
 """Tokens per sequence of a text model when ``--seq-len`` is not given."""
-
-TASKS = dict(
-    zip(
-        HUB_TASKS,
-        (
-            "AutoModelForCausalLM",
-            "AutoModelForMaskedLM",
-            "AutoModelForSeq2SeqLM",
-            "AutoModelForSequenceClassification",
-            "AutoModelForImageClassification",
-        ),
-        strict=True,
-    )
-)
-"""Task -> the transformers auto class that builds it."""
-_SUFFIXES = {
-    "ForCausalLM": "causal-lm",
-    "LMHeadModel": "causal-lm",
-    "ForMaskedLM": "masked-lm",
-    "ForConditionalGeneration": "seq2seq-lm",
-    "ForSequenceClassification": "sequence-classification",
-    "ForImageClassification": "image-classification",
-}
-
-
-def is_hub_name(model: object) -> bool:
-    return isinstance(model, str) and model.startswith(HUB_PREFIX)
 
 
 def _transformers() -> Any:
@@ -84,8 +66,8 @@ class HubModel:
         if not source:
             raise CkptplanError("hf: names no model; e.g. hf:./my-config-folder or hf:gpt2")
         task = options.get("task")
-        if task is not None and task not in TASKS:
-            raise CkptplanError(f"{option('task', task)}: choose one of {', '.join(TASKS)}")
+        if task is not None and task not in HUB_TASKS:
+            raise CkptplanError(f"{option('task', task)}: choose one of {', '.join(HUB_TASKS)}")
         given = {k: v for k, v in options.items() if v is not None}
         return cls(source, **given)
 
@@ -107,7 +89,7 @@ class HubModel:
         as the plan's batch size is taken, without ``--seq-len`` said again."""
         if not isinstance(signature, dict):
             return self
-        ids, pixels = signature.get("input_ids"), signature.get("pixel_values")
+        ids, pixels = signature.get(INPUT_IDS), signature.get(PIXEL_VALUES)
         seq_len = self.seq_len
         if seq_len is None and _recorded_shape(ids, 2):
             seq_len = ids[0][1]
@@ -124,8 +106,8 @@ class HubModel:
         transformers = _transformers()
         folder = Path(self.source).expanduser()
         if folder.is_dir():
-            if not (folder / "config.json").is_file():
-                raise CkptplanError(f"{self.name}: the folder {folder} holds no config.json")
+            if not (folder / CONFIG_FILE).is_file():
+                raise CkptplanError(f"{self.name}: the folder {folder} holds no {CONFIG_FILE}")
             return transformers.AutoConfig.from_pretrained(folder)
         fetched = Path(_hub_config(self.source, self.name))
         return transformers.AutoConfig.from_pretrained(fetched.parent)
@@ -135,11 +117,11 @@ class HubModel:
         if self.task is not None:
             return self.task
         for architecture in self.config.architectures or ():
-            for suffix, task in _SUFFIXES.items():
-                if architecture.endswith(suffix):
-                    return task
+            task = architecture_task(architecture)
+            if task is not None:
+                return task
         transformers = _transformers()
-        for task, auto in TASKS.items():
+        for task, auto in AUTO_CLASSES.items():
             if type(self.config) in getattr(transformers, auto)._model_mapping:
                 return task
         raise CkptplanError(
@@ -150,10 +132,10 @@ class HubModel:
     def build(self) -> torch.nn.Module:
         transformers = _transformers()
         architectures = [a for a in self.config.architectures or () if hasattr(transformers, a)]
-        matching = [a for a in architectures if _SUFFIXES.get(_suffix(a)) == self.resolved_task]
+        matching = [a for a in architectures if architecture_task(a) == self.resolved_task]
         if matching:
             return getattr(transformers, matching[0])(self.config)
-        auto = getattr(transformers, TASKS[self.resolved_task])
+        auto = getattr(transformers, AUTO_CLASSES[self.resolved_task])
         try:
             return auto.from_config(self.config)
         except ValueError as exc:
@@ -167,8 +149,8 @@ class HubModel:
             size = self.image_size or int(getattr(config, "image_size", 224))
             channels = getattr(config, "num_channels", 3)
             return {
-                "pixel_values": torch.randn(batch, channels, size, size),
-                "labels": torch.randint(0, config.num_labels, (batch,)),
+                PIXEL_VALUES: torch.randn(batch, channels, size, size),
+                LABELS: torch.randint(0, config.num_labels, (batch,)),
             }
         vocab = getattr(config, "vocab_size", None)
         if not vocab:
@@ -181,8 +163,8 @@ class HubModel:
             )
         ids = torch.randint(0, vocab, (batch, seq_len))
         if task == "sequence-classification":
-            return {"input_ids": ids, "labels": torch.randint(0, config.num_labels, (batch,))}
-        return {"input_ids": ids, "labels": ids.clone()}
+            return {INPUT_IDS: ids, LABELS: torch.randint(0, config.num_labels, (batch,))}
+        return {INPUT_IDS: ids, LABELS: ids.clone()}
 
     def loss(self, output: Any) -> torch.Tensor:
         return default_loss(output)
@@ -203,7 +185,7 @@ def _hub_config(repo_id: str, name: str) -> str:
 
     login = "log in with `hf auth login` or set HF_TOKEN"
     try:
-        return hf_hub_download(repo_id, "config.json")
+        return hf_hub_download(repo_id, CONFIG_FILE)
     except HFValidationError:
         problem = f"no folder {repo_id} here, and {repo_id!r} is no Hub model name (ORG/NAME)"
         fix = "pass a folder holding config.json, or a Hub name such as hf:gpt2"
@@ -240,7 +222,3 @@ def _recorded_shape(leaf: Any, dims: int) -> TypeGuard[list[Any]]:
         and isinstance(leaf[0], list)
         and (len(leaf[0]) == dims)
     )
-
-
-def _suffix(architecture: str) -> str:
-    return next((s for s in _SUFFIXES if architecture.endswith(s)), "")

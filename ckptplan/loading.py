@@ -30,6 +30,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ckptplan.errors import CkptplanError
+from ckptplan.huggingface import output_loss
 from ckptplan.options import is_factory_spec
 from ckptplan.patching import patched
 
@@ -229,8 +230,8 @@ def _fake_module_conversion() -> Iterator[None]:
 
 def default_loss(output: Any) -> torch.Tensor:
     """``output.loss`` when the model returns one, else the sum of its floating outputs."""
-    loss = getattr(output, "loss", None)
-    if isinstance(loss, torch.Tensor):
+    loss = output_loss(output)
+    if loss is not None:
         return loss
     leaves = [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor)]
     floats = [t.float().sum() for t in leaves if t.is_floating_point() and t.requires_grad]

@@ -129,15 +129,7 @@ def fold_keywords(config: C, keywords: dict[str, Any]) -> C:
     return cast(C, dataclasses.replace(cast(Any, config), **changes))
 
 
-HUB_PREFIX = "hf:"
 _FACTORY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
-HUB_TASKS = (
-    "causal-lm",
-    "masked-lm",
-    "seq2seq-lm",
-    "sequence-classification",
-    "image-classification",
-)
 
 
 def is_factory_spec(spec: object) -> bool:

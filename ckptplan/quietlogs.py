@@ -8,9 +8,10 @@ for the run only (their ``disabled`` flag, which ``isEnabledFor`` reads first) a
 after it, so the caller's logging is left as it was.
 
 Libraries' messages about a step that ckptplan runs, not the user, are dropped during those
-runs too (``_NOISE``: transformers' "`loss_type=None` ... unrecognized", said of the profiled
-step of a model class it names no loss for, whose own default loss ckptplan runs): a filter on
-the library's logger for the run only, so the caller's loggers say what they said before.
+runs too (``huggingface.LOG_NOISE``: transformers' "`loss_type=None` ... unrecognized", said of
+the profiled step of a model class it names no loss for, whose own default loss ckptplan runs):
+a filter on the library's logger for the run only, so the caller's loggers say what they said
+before.
 
 A fake run of a plan also keeps ckptplan's own logger quiet: it applies the plan, whose report
 (``checkpointed N regions``, what the first backward recomputed) is for the user's own run and
@@ -39,16 +40,13 @@ import warnings
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
+from ckptplan.huggingface import LOG_NOISE
 from ckptplan.patching import caught_warnings, patched
 
 _LOGGERS = ("torch._subclasses.fake_tensor",)
 """Torch's loggers that log an exception ckptplan's fake runs catch (``log.exception``)."""
 _OWN_LOGGER = "ckptplan"
 """The logger of ``apply``'s report, which a fake run's ``apply`` would repeat."""
-_NOISE = {
-    "transformers.modeling_utils": re.compile(r"`loss_type=\w+` was set in the config but it is"),
-}
-"""Library logger -> its messages that are no user's business during ckptplan's runs."""
 
 
 class _DropNoise(logging.Filter):
@@ -62,7 +60,7 @@ class _DropNoise(logging.Filter):
 
 @contextmanager
 def library_noise_quieted() -> Iterator[None]:
-    """While active, the library messages of ``_NOISE`` are dropped; the loggers' filters are
+    """While active, the library messages of ``LOG_NOISE`` are dropped; the loggers' filters are
     as the caller left them after. ``torch_logs_quieted`` and ``fake_run_logs_quieted`` hold it,
     and so does every command's run under the CLI (``cli.output.progress_display``).
 
@@ -77,7 +75,7 @@ def library_noise_quieted() -> Iterator[None]:
         True
     """
     with ExitStack() as patches:
-        for name, pattern in _NOISE.items():
+        for name, pattern in LOG_NOISE.items():
             logger = logging.getLogger(name)
             noisy = [*logger.filters, _DropNoise(pattern)]
             patches.enter_context(patched(logger, "filters", noisy))

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import ckptplan
-from ckptplan.applying.tensors import training_conventions
+from ckptplan.huggingface import training_conventions
 from ckptplan.loading import call_model, load_model_file
 from ckptplan.planning.problem import to_chain
 from ckptplan.planning.schedule_plan import plan_from_schedule

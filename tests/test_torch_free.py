@@ -1,6 +1,7 @@
 """The modules that must import without torch: the solvers, the boundary types every stage
-reads (the plan, the profile's data, the options), the problem that turns a profile into the
-solvers' plain numbers, and the CLI's entry (``ckptplan remat`` and ``show`` need no torch)."""
+reads (the plan, the profile's data, the options, the Hugging Face conventions), the problem
+that turns a profile into the solvers' plain numbers, and the CLI's entry (``ckptplan remat``
+and ``show`` need no torch)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ TORCH_FREE = (
     "ckptplan.options",
     "ckptplan.devices",
     "ckptplan.errors",
+    "ckptplan.huggingface",
     "ckptplan.cli.remat",
     "ckptplan.cli.main",
 )

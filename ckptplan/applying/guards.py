@@ -24,6 +24,7 @@ import torch
 
 from ckptplan.applying.tensors import input_tensors
 from ckptplan.errors import CkptplanError, option
+from ckptplan.huggingface import CHECKPOINTING_SWITCHES, checkpointing_on
 
 
 class BatchWarning(UserWarning):
@@ -118,23 +119,13 @@ GUARD_WARNINGS = (BatchWarning, TargetWarning)
 """What the guards warn of; ckptplan's own fake runs of a plan ignore them."""
 
 
-def hf_checkpointing_layers(members: Iterable[torch.nn.Module]) -> list[torch.nn.Module]:
-    """The modules under ``members`` that Hugging Face's checkpointing can switch on."""
-    return [
-        m
-        for member in members
-        for m in member.modules()
-        if isinstance(getattr(type(m), "gradient_checkpointing", None), bool)
-    ]
-
-
 def refuse_second_checkpointing(region: str, layers: Iterable[torch.nn.Module]) -> None:
-    """Raise when Hugging Face checkpointing was switched on inside a planned region."""
+    """Raise when Hugging Face checkpointing was switched on inside a planned region (its
+    ``checkpointing_layers``)."""
     for layer in layers:
-        if layer.gradient_checkpointing and layer.training:
+        if checkpointing_on(layer) and layer.training:
             raise CkptplanError(
                 f"Hugging Face checkpointing was switched on inside region {region} after "
-                "ckptplan.apply (model.activation_checkpointing_enable(), or "
-                "TrainingArguments(activation_checkpointing=True)), so its layers would be "
+                f"ckptplan.apply ({CHECKPOINTING_SWITCHES}), so its layers would be "
                 "checkpointed twice: leave it off, the plan checkpoints them"
             )

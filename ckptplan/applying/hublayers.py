@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from ckptplan.huggingface import hub_kernelized, routes_hub_functions
+
 
 class HubForward:
     """A hub-routing layer's ``forward``: the wrapped original while compiling, when routing
@@ -31,7 +33,7 @@ class HubForward:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         module = self.module
         wrapper = type(module).forward
-        if torch.compiler.is_compiling() and not _kernelized(module):
+        if torch.compiler.is_compiling() and not hub_kernelized(module):
             return wrapper.__wrapped__(module, *args, **kwargs)  # type: ignore[attr-defined]
         return wrapper(module, *args, **kwargs)
 
@@ -39,17 +41,9 @@ class HubForward:
         return HubForward, (self.module,)
 
 
-def _kernelized(module: torch.nn.Module) -> bool:
-    """Whether any of the layer's own hub-function copies has a kernel's ``forward``."""
-    funcs = module.__dict__["_kernel_funcs"].values()
-    return any(f.forward.__func__ is not type(f).forward for f in funcs)
-
-
 def resolve_hub_layers(members: list[torch.nn.Module]) -> None:
     """Give each hub-routing layer in ``members`` (themselves included) a ``HubForward``."""
     for member in members:
         for module in member.modules():
-            routed = isinstance(module.__dict__.get("_kernel_funcs"), dict)
-            wrapped = hasattr(type(module).forward, "__wrapped__")
-            if routed and wrapped and "forward" not in module.__dict__:
+            if routes_hub_functions(module) and "forward" not in module.__dict__:
                 module.__dict__["forward"] = HubForward(module)

@@ -36,9 +36,9 @@ from ckptplan.applying.guards import BatchGuard, TargetGuard
 from ckptplan.applying.layered_rnn import layer_by_layer
 from ckptplan.applying.region import RegionRun
 from ckptplan.applying.stats import AppliedPlan, RegionStats, Reporter, region_name
-from ckptplan.applying.tensors import training_conventions
 from ckptplan.errors import CkptplanError
 from ckptplan.fingerprint import check_model_matches
+from ckptplan.huggingface import checkpointing_disable, training_conventions
 from ckptplan.values.plan import Plan, Region, as_plan
 from ckptplan.values.unit_names import split_unit
 
@@ -101,14 +101,11 @@ def refuse_wrapped(model: torch.nn.Module) -> None:
         if any(isinstance(m, kinds) for m in model.modules()):
             raise CkptplanError(f"apply the plan before fully_shard (FSDP): {order}")
     for module in model.modules():
-        current = hasattr(type(module), "is_activation_checkpointing")
-        flag = "is_activation_checkpointing" if current else "is_gradient_checkpointing"
-        declared = hasattr(type(module), flag) or flag in vars(module)
-        if declared and getattr(module, flag) is True:
-            disable = "activation" if current else "gradient"
+        disable = checkpointing_disable(module)
+        if disable is not None:
             raise CkptplanError(
                 "the model already has Hugging Face checkpointing on, so the plan would "
-                f"checkpoint twice; call model.{disable}_checkpointing_disable() before applying it"
+                f"checkpoint twice; call model.{disable}() before applying it"
             )
 
 

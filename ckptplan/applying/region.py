@@ -30,13 +30,14 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ckptplan.applying.gpukernels import GPU_ONLY_OPS, GpuAttention, emulated, runs_gpu_kernels
-from ckptplan.applying.guards import hf_checkpointing_layers, refuse_second_checkpointing
+from ckptplan.applying.guards import refuse_second_checkpointing
 from ckptplan.applying.hublayers import resolve_hub_layers
 from ckptplan.applying.offload import offload_contexts
 from ckptplan.applying.policy import OpCalls, op_overload, selective_contexts
 from ckptplan.applying.stats import RegionStats, Reporter, region_name
 from ckptplan.applying.tensors import first_tensor
 from ckptplan.errors import CkptplanError, option
+from ckptplan.huggingface import checkpointing_layers
 from ckptplan.values.policy_types import OpCall, Policy
 
 
@@ -111,7 +112,7 @@ class RegionRun:
         """The forward ran under ``GpuAttention`` (a fake run for a GPU): so does recompute."""
         self.stats = stats
         self.reporter = reporter
-        self.hf_layers = hf_checkpointing_layers(modules)
+        self.hf_layers = checkpointing_layers(modules)
         """Layers Hugging Face's checkpointing can switch on (refused once planned)."""
         resolve_hub_layers(modules)
         self.steps: list[tuple[int, int, RegionRun | None]] = [

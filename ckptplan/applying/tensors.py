@@ -1,4 +1,4 @@
-"""The tensors in a call's nested arguments, and the model set up as training runs it.
+"""The tensors in a call's nested arguments.
 
 Applied regions and the profiler both need these; they live with the runtime so that a training
 job's ``ckptplan.apply`` never imports the profiler for them.
@@ -27,25 +27,3 @@ def input_tensors(inputs: object) -> Iterator[torch.Tensor]:
     elif isinstance(inputs, dict):
         for item in inputs.values():
             yield from input_tensors(item)
-
-
-def training_conventions(model: torch.nn.Module, inputs: Any = None) -> tuple[Any, tuple[str, ...]]:
-    """The model and batch set up as a training step runs them, and what was changed.
-
-    Hugging Face decoders default to ``use_cache=True``: in training the key/value cache is
-    wasted memory, and a recomputed block would append to it again (checkpoint then refuses
-    the recomputed values' metadata). Hugging Face's own checkpointing turns it off, so does
-    this, on every config in the model and in the batch's keyword arguments.
-    """
-    cached = [
-        m
-        for m in model.modules()
-        if getattr(getattr(m, "config", None), "use_cache", False) is True
-    ]
-    for module in cached:
-        module.config.use_cache = False
-    asked = isinstance(inputs, dict) and inputs.get("use_cache") is True
-    if asked:
-        inputs = {**inputs, "use_cache": False}
-    notes = ("the key/value cache (use_cache) is off, as in training",) if cached or asked else ()
-    return inputs, notes

@@ -20,10 +20,9 @@ import click
 from ckptplan.cli.boundary import UserError
 from ckptplan.devices import DEVICES
 from ckptplan.errors import CkptplanError
+from ckptplan.huggingface import HUB_TASKS, is_hub_name
 from ckptplan.options import (
     DTYPES,
-    HUB_PREFIX,
-    HUB_TASKS,
     OPTIMIZERS,
     SCOPES,
     Parallel,
@@ -163,7 +162,7 @@ def hub_options(command: Callable[..., Any]) -> Callable[..., Any]:
         model = kwargs["model"]
         if is_factory_spec(model) and os.getcwd() not in sys.path:
             sys.path.insert(0, os.getcwd())  # MODULE:FUNCTION imports as from `python -m`
-        if model.startswith(HUB_PREFIX):
+        if is_hub_name(model):
             from ckptplan.hub import HubModel
 
             kwargs["model"] = HubModel.parse(model, **options)

@@ -35,6 +35,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ckptplan.huggingface import MASKING_MODULE, PACKED_SEQUENCES, gives_positions
 from ckptplan.patching import patched
 
 _ANSWERING: ContextVar[bool] = ContextVar("ckptplan_answering", default=False)
@@ -64,9 +65,9 @@ def real_step_paths(inputs: Any, compiled: bool = False) -> Iterator[None]:
 
 @contextmanager
 def _one_sequence_per_row(inputs: Any) -> Iterator[None]:
-    masking = sys.modules.get("transformers.masking_utils")
-    original = getattr(masking, "find_packed_sequence_indices", None)
-    if original is None or (isinstance(inputs, dict) and "position_ids" in inputs):
+    masking = sys.modules.get(MASKING_MODULE)
+    original = getattr(masking, PACKED_SEQUENCES, None)
+    if original is None or gives_positions(inputs):
         yield
         return
 
@@ -79,7 +80,7 @@ def _one_sequence_per_row(inputs: Any) -> Iterator[None]:
         finally:
             _ANSWERING.reset(token)
 
-    with patched(masking, "find_packed_sequence_indices", answered):
+    with patched(masking, PACKED_SEQUENCES, answered):
         yield
 
 

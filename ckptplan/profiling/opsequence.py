@@ -24,7 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ckptplan.applying.tensors import training_conventions
+from ckptplan.huggingface import training_conventions
 from ckptplan.loading import Workload, build_fake, call_model
 from ckptplan.profiling.fakepaths import answering, real_step_paths
 from ckptplan.quietlogs import torch_logs_quieted

@@ -34,9 +34,9 @@ from torch._subclasses.fake_tensor import (
 
 from ckptplan.applying.gpukernels import GpuAttention
 from ckptplan.applying.layered_rnn import layer_by_layer
-from ckptplan.applying.tensors import training_conventions
 from ckptplan.devices import Device, get_device
 from ckptplan.errors import CkptplanError, raised_by_ckptplan
+from ckptplan.huggingface import training_conventions
 from ckptplan.loading import Workload, build_fake, describe_exception
 from ckptplan.profiling.assembly import assemble
 from ckptplan.profiling.costs import OpRecorder

@@ -12,6 +12,7 @@ import torch
 
 from ckptplan.applying.tensors import input_tensors
 from ckptplan.errors import CkptplanError
+from ckptplan.huggingface import LAYERDROP, configs
 from ckptplan.options import OPTIMIZERS
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -158,9 +159,6 @@ def persistent_tensors(
     ]
 
 
-_LAYERDROP = ("layerdrop", "encoder_layerdrop", "decoder_layerdrop")
-
-
 @contextmanager
 def every_layer_runs(model: torch.nn.Module) -> Iterator[None]:
     """LayerDrop off while active, on the modules and configs of ``model`` that set it.
@@ -172,11 +170,10 @@ def every_layer_runs(model: torch.nn.Module) -> Iterator[None]:
     answer the draws themselves as the fake step does: a Python dispatch mode changes how
     autograd accumulates gradients, and so the allocator's peak.
     """
-    owners = {id(o): o for m in model.modules() for o in (m, getattr(m, "config", None))}
     changed = [
         (owner, name, getattr(owner, name))
-        for owner in owners.values()
-        for name in _LAYERDROP
+        for owner in (*model.modules(), *configs(model))
+        for name in LAYERDROP
         if isinstance(getattr(owner, name, None), float) and getattr(owner, name) > 0
     ]
     try:

@@ -47,7 +47,8 @@ from ckptplan.applying.install import refuse_wrapped
 from ckptplan.applying.policy import selective
 from ckptplan.errors import CkptplanError, option
 from ckptplan.fingerprint import check_model_matches
-from ckptplan.hub import HubModel, is_hub_name
+from ckptplan.hub import HubModel
+from ckptplan.huggingface import is_hub_name
 from ckptplan.loading import load_model_file
 from ckptplan.rewriting.codegen import RegionInfo, source
 from ckptplan.rewriting.extract import trace

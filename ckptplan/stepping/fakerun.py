@@ -13,9 +13,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ckptplan.applying.gpukernels import GpuAttention
 from ckptplan.applying.guards import GUARD_WARNINGS
 from ckptplan.applying.install import apply
-from ckptplan.applying.tensors import training_conventions
 from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError, raised_by_ckptplan
+from ckptplan.huggingface import training_conventions
 from ckptplan.loading import Workload, build_fake
 from ckptplan.profiling.everyblock import EveryBlockRuns
 from ckptplan.profiling.fakepaths import real_step_paths

@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from ckptplan.applying.tensors import training_conventions
 from ckptplan.errors import CkptplanError
+from ckptplan.huggingface import training_conventions
 from ckptplan.loading import Workload
 from ckptplan.profiling.training import cast_floating, cast_model, parse_dtype
 from ckptplan.values.plan import PlanSettings
