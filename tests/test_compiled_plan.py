@@ -162,6 +162,18 @@ def test_a_tighter_budget_saves_less_in_the_compiled_partition(
     assert tight.settings.compiled and loose.settings.compiled
 
 
+def test_the_predicted_recompute_is_the_partitions_priced_time_over_the_unchecked_steps(
+    model_and_batch: tuple[nn.Module, torch.Tensor],
+) -> None:
+    """Note [pricing the partition]: the plan's graphs, priced kernel by kernel, less the
+    unchecked compiled step's; a plan that recomputes its blocks' matmuls costs more."""
+    model, batch = model_and_batch
+    plan = solve(model, batch, "80%")
+    partition = plan.predicted.compiled_partition
+    assert partition["seconds"] > partition["unchecked_seconds"] > 0
+    assert plan.predicted.recompute_time_s == partition["seconds"] - partition["unchecked_seconds"]
+
+
 def test_an_unreachable_compiled_budget_names_the_least_that_fits(
     model_and_batch: tuple[nn.Module, torch.Tensor],
 ) -> None:

@@ -88,6 +88,13 @@ def show_plan(plan: Plan, console: Console) -> None:
             f"on fake tensors, hands {size(p.compiled_partition['saved_bytes'])} "
             "to backward; the budget holds the compiled step's peak below"
         )
+        partition = p.compiled_partition
+        if "unchecked_seconds" in partition:
+            console.print(
+                f"its graphs priced kernel by kernel on the {plan.settings.device} roofline: "
+                f"{1e3 * partition['seconds']:.1f} ms against the unchecked compiled step's "
+                f"{1e3 * partition['unchecked_seconds']:.1f} ms (the predicted recompute)"
+            )
     if p.fake_run_peak_bytes is not None:
         over = p.fake_run_peak_bytes > budget.bytes
         console.print(

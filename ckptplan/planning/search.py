@@ -76,6 +76,10 @@ class Search:
     """Fake-run peaks by the plan's regions: auto and dp often reach the same plan."""
     partitions: dict[str, dict[str, Any]] = field(default_factory=dict)
     """For a compiled step, the partition each fake run made, by the plan's regions."""
+    chain_times: dict[str, float] = field(default_factory=dict)
+    """The chain's recompute time of each confirmed compiled plan, by its regions: the plan
+    predicts its partition's (Note [pricing the partition] in ``ckptplan.stepping.graphcost``),
+    the joined search bounds by the chain's."""
 
     @property
     def aim(self) -> int:
@@ -146,7 +150,7 @@ class Search:
         # The chain prices a combination at its options' sum plus what it adds the same way
         # for every combination (the blocks outside runs, the segment's tail).
         constant = joined_plan(front[0]).predicted.recompute_time_s - front[0].recompute_time
-        bound = plan.predicted.recompute_time_s - constant
+        bound = self.chain_times.get(_key(plan), plan.predicted.recompute_time_s) - constant
         candidates = [point for point in front if point.recompute_time < bound]
         if not candidates:
             return plan, confirmed
@@ -155,7 +159,10 @@ class Search:
         )
         if best is None:
             return plan, confirmed
-        return joined._confirmed(joined_plan(candidates[best]))
+        faster, peak = joined._confirmed(joined_plan(candidates[best]))
+        if faster.predicted.recompute_time_s < plan.predicted.recompute_time_s:
+            return faster, peak
+        return plan, confirmed
 
     def _joined_plan(self, runs: list[tuple[int, int]], choice: dict[int, int]) -> Plan:
         """One region over each run with ``choice``'s options; every other block alone."""
@@ -165,7 +172,7 @@ class Search:
         return self._plan(simulate(self.chain, segments, "auto", sorted(choice.items())))
 
     def _fake_run(self, plan: Plan) -> int:
-        key = json.dumps([region.to_json() for region in plan.regions])
+        key = _key(plan)
         if key not in self.confirmed:
             self.progress.phase("confirming the plan's peak on fake tensors")
             if self.prof.settings.compiled:
@@ -180,10 +187,18 @@ class Search:
         """The plan with its fake-run peak (and for a compiled step the partition its fake
         run made) in its prediction, and that peak."""
         peak = self._fake_run(plan)
-        key = json.dumps([region.to_json() for region in plan.regions])
-        predicted = replace(
-            plan.predicted, compiled_partition=self.partitions.get(key), fake_run_peak_bytes=peak
-        )
+        key = _key(plan)
+        partition = self.partitions.get(key)
+        predicted = replace(plan.predicted, fake_run_peak_bytes=peak)
+        if partition is not None:
+            self.chain_times[key] = plan.predicted.recompute_time_s
+            self._fake_run(replace(plan, regions=()))
+            unchecked = self.partitions[_key(replace(plan, regions=()))]["seconds"]
+            predicted = replace(
+                predicted,
+                recompute_time_s=partition["seconds"] - unchecked,
+                compiled_partition={**partition, "unchecked_seconds": unchecked},
+            )
         return replace(plan, predicted=predicted), peak
 
     def _schedule(self, solver: str, target: int) -> Schedule:
@@ -231,6 +246,11 @@ def selective_pays(selective: float, segments: float, step: float, slack: float)
     the segments-only plan of ``segments`` seconds for the same budget: by more than ``slack``
     of the ``step`` where it runs selective policies (0 where it runs none)."""
     return segments - selective > slack * step
+
+
+def _key(plan: Plan) -> str:
+    """A plan's regions, the key of what its fake run found."""
+    return json.dumps([region.to_json() for region in plan.regions])
 
 
 def _policied(plan: Plan) -> bool:

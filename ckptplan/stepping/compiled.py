@@ -9,8 +9,7 @@ outside regions it makes its own choice. So a compiled plan's peak is taken from
 run on fake tensors: ``partitioning_backend`` is inductor's own decompositions and partitioner
 with eager kernels in place of inductor's compiled code, which needs a compiler, real tensors
 and minutes; what each graph holds is read from inductor's lowering (``inductor_memory``).
-``Partition`` records what was saved, so a test can hold the real inductor
-compilation to the same partition.
+``Partition`` records what was saved (a test holds real inductor to the same partition).
 
 Example:
     >>> log = Partition()
@@ -54,6 +53,8 @@ class Partition:
     lowered_graphs: int = 0
     """Graphs, forward and backward, whose memory was read from inductor's lowering
     (``inductor_memory``); the others were counted op by op, as eager kernels run them."""
+    seconds: float = 0.0
+    """The forward and backward graphs' time on the target (``stepping.graphcost``)."""
 
     @property
     def graphs(self) -> int:
@@ -72,6 +73,7 @@ class Partition:
             "compiled_graphs": self.compiled_graphs,
             "graph_breaks": self.graph_breaks,
             "lowered_graphs": self.lowered_graphs,
+            "seconds": self.seconds,
             "saved_bytes": self.saved_bytes,
             "saved": [[[list(shape), dtype] for shape, dtype in g] for g in self.saved],
         }
@@ -92,8 +94,11 @@ def _bytes(shape: tuple[int, ...], dtype: str) -> int:
     return getattr(torch, dtype).itemsize * int(torch.Size(shape).numel())
 
 
-def partitioning_backend(log: Partition) -> Callable[..., Any]:
-    """A ``torch.compile`` backend that partitions as inductor does and runs eager kernels."""
+def partitioning_backend(
+    log: Partition, price: Callable[[torch.fx.GraphModule], float] | None = None
+) -> Callable[..., Any]:
+    """A ``torch.compile`` backend that partitions as inductor does and runs eager kernels;
+    ``price`` gives each graph's seconds, added up in the log."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch import config as functorch_config
     from torch._guards import detect_fake_mode
@@ -101,6 +106,7 @@ def partitioning_backend(log: Partition) -> Callable[..., Any]:
     from torch._inductor.virtualized import V
 
     def lowered(graph: torch.fx.GraphModule, example_inputs: Any, is_backward: bool) -> Any:
+        log.seconds += price(graph) if price else 0.0
         memory = graph_memory(graph, example_inputs, is_backward)
         log.lowered_graphs += memory is not None
         return _freeing(graph, memory)
@@ -313,7 +319,7 @@ def _fuses(user: torch.fx.Node, fallback_random: bool) -> bool:
         return False
     if _tagged(user, torch.Tag.pointwise) or _tagged(user, torch.Tag.reduction):
         return True
-    if _is_view(user):
+    if is_view(user):
         return bool(user.users) and all(_fuses(u, fallback_random) for u in user.users)
     return False
 
@@ -323,7 +329,7 @@ def _tagged(node: torch.fx.Node, tag: torch.Tag) -> bool:
     return node.op == "call_function" and tag in getattr(target, "tags", ())
 
 
-def _is_view(node: torch.fx.Node) -> bool:
+def is_view(node: torch.fx.Node) -> bool:
     schema = getattr(node.target, "_schema", None)
     return (
         node.op == "call_function"

@@ -5,6 +5,7 @@ storages, so the chain model's prediction is confirmed without a device and noth
 
 from __future__ import annotations
 
+import functools
 from contextlib import nullcontext
 
 import torch
@@ -30,6 +31,7 @@ from ckptplan.profiling.training import (
 from ckptplan.quietlogs import fake_run_logs_quieted
 from ckptplan.stepping.compiled import CompiledModel, Partition, partitioning_backend
 from ckptplan.stepping.graphbreaks import counting_breaks
+from ckptplan.stepping.graphcost import graph_seconds
 from ckptplan.stepping.steppeak import StepRun, measured_peak, tracked_peak
 from ckptplan.values.plan import Plan
 
@@ -89,7 +91,8 @@ def _checkpointed_step_peak(
         inputs = cast_floating(inputs, dtype)
         optimizer = make_optimizer(settings.optimizer, model)
         if compiled is not None:
-            model = CompiledModel(model, partitioning_backend(compiled))
+            price = functools.partial(graph_seconds, device=get_device(settings.device, True))
+            model = CompiledModel(model, partitioning_backend(compiled, price))
         run = StepRun(model, optimizer, inputs, settings.autocast)
         target = get_device(settings.device)
         host = not target.host_bandwidth
