@@ -17,6 +17,9 @@ from tests.test_torch_free import TORCH_FREE
 
 ROOT = Path(__file__).resolve().parent
 DECLARED = "pytestmark = pytest.mark.torchfree"
+collect_ignore = ["src", "ckptplan/solvers"]
+"""Links to ``ckptplan/`` and ``solvers/`` (the install's layout, docs/development.md): their
+modules are collected once, from where they live."""
 TORCH_FREE_SOURCES = frozenset(
     ROOT.joinpath(*module.split(".")).with_suffix(".py")
     for module in TORCH_FREE

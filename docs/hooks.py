@@ -31,20 +31,10 @@ def public_api() -> str:
     """The mkdocstrings blocks of ``ckptplan``'s exported names, in ``_API``'s order."""
     import ckptplan
 
-    blocks = [_block(f"{module}.{name}") for name, module in ckptplan._API.items()]
-    blocks += [_block(module) for module in ckptplan._MODULES.values()]
+    blocks = [f"::: {module}.{name}" for name, module in ckptplan._API.items()]
+    blocks += [f"::: {module}" for module in ckptplan._MODULES.values()]
     return "\n\n".join(blocks)
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
     return markdown.replace(API_MARK, public_api()) if API_MARK in markdown else markdown
-
-
-def _block(path: str) -> str:
-    """An mkdocstrings block. ``ckptplan.solvers`` is installed from ``solvers/`` (a
-    ``package-dir`` mapping that griffe's finder does not follow), so its names are read from
-    there, under the name they are imported by."""
-    if path.startswith("ckptplan.solvers."):
-        source = path.removeprefix("ckptplan.")
-        return f"::: {source}\n    options:\n      show_root_full_path: false"
-    return f"::: {path}"

@@ -1,12 +1,12 @@
-"""Bug 6 of issue 41: a clone of this repository named ``ckptplan/`` shadows the installed
+"""Bug 6 of issue 41: a clone of this repository named ``ckptplan/`` shadowed the installed
 package for a script run from the clone's parent folder.
 
-That folder is on ``sys.path`` (the script's own), and the repository's root has no
-``__init__.py``, so ``import ckptplan`` finds the clone as a namespace package before the
-editable install's finder (a ``sys.meta_path`` entry after the path finder) is asked, and
-``ckptplan.apply`` is missing. A src/ layout would fix it: setuptools then installs an editable
-package as a path entry (``src/``), whose regular package wins over a namespace portion. The
-case is marked as the known bug until then; a fix makes it pass, which fails the strict mark.
+That folder is on ``sys.path`` (the script's own) and the repository's root has no
+``__init__.py``, so ``import ckptplan`` finds the clone as a namespace portion. A meta-path
+finder, which setuptools used for the editable install while ``solvers/`` was mapped onto
+``ckptplan.solvers``, is asked only after the path search has settled for that namespace. The
+src layout of links (docs/development.md, "The layout") makes the editable install a path
+entry instead, and a regular package found on any path entry wins over a namespace portion.
 """
 
 from __future__ import annotations
@@ -17,23 +17,31 @@ from pathlib import Path
 
 import pytest
 
-import ckptplan
 from tests.conftest import ROOT
 
-SCRIPT = "import ckptplan\nprint(ckptplan.apply.__module__)\n"
+WHERE = "import importlib.util\nprint(importlib.util.find_spec('ckptplan').origin)\n"
+"""Where a script finds ckptplan, without importing it (torch takes seconds)."""
+SCRIPT = "import ckptplan\nprint(ckptplan.apply.__module__, ckptplan.__file__)\n"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 41 bug 6: the clone folder imports as a namespace package (see the docstring)",
-)
+def _run(folder: Path, script: str) -> subprocess.CompletedProcess[str]:
+    """``python train.py`` in ``folder``, as a user runs a training script there."""
+    (folder / "train.py").write_text(script)
+    return subprocess.run(
+        [sys.executable, "train.py"], cwd=folder, capture_output=True, text=True, timeout=60
+    )
+
+
+def _from_this_repository(file: str) -> bool:
+    return Path(file).resolve().parent.parent == ROOT
+
+
 def test_a_script_beside_a_clone_named_ckptplan_imports_the_package(tmp_path: Path) -> None:
-    if Path(ckptplan.__file__).resolve().parent.parent != ROOT:
+    if not _from_this_repository(_run(tmp_path, WHERE).stdout.strip()):
         pytest.skip("ckptplan is not installed from this repository")
     (tmp_path / "ckptplan").symlink_to(ROOT, target_is_directory=True)  # the clone folder
-    (tmp_path / "train.py").write_text(SCRIPT)
-    done = subprocess.run(
-        [sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60
-    )
+    done = _run(tmp_path, SCRIPT)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("ckptplan.")
+    module, file = done.stdout.split()
+    assert module.startswith("ckptplan.")
+    assert _from_this_repository(file)
