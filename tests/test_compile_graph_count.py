@@ -83,3 +83,15 @@ def test_verify_fails_a_compiled_plan_that_adds_graphs(tmp_path) -> None:
     assert compiled["graph_breaks"] >= 1
     (line,) = [s for s in result.stderr.splitlines() if "graph" in s]
     assert "the plan adds graph breaks" in line
+
+
+def test_solve_says_when_its_plan_adds_graph_breaks(tmp_path) -> None:
+    """Every block in a region (``full``): the noting block's breaks, beside the unchecked
+    step's none, from the search's own fake runs."""
+    plan = tmp_path / "plan.json"
+    args = ["solve", SPEC, "--budget", "1.0", "--solver", "full", "--compile", "-o", str(plan)]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "under torch.compile the plan adds" in " ".join(result.output.split())
+    partition = Plan.load(plan).predicted.compiled_partition
+    assert partition["unchecked_graph_breaks"] == 0 < partition["graph_breaks"]

@@ -89,6 +89,17 @@ def show_plan(plan: Plan, console: Console) -> None:
             "to backward; the budget holds the compiled step's peak below"
         )
         partition = p.compiled_partition
+        added = [
+            f"{partition[name] - partition[f'unchecked_{name}']} {words}"
+            for name, words in (("compiled_graphs", "graphs"), ("graph_breaks", "graph breaks"))
+            if partition.get(name, 0) > partition.get(f"unchecked_{name}", partition.get(name, 0))
+        ]
+        if added:
+            console.print(
+                f"[bold yellow]under torch.compile the plan adds {' and '.join(added)}[/] to "
+                "the unchecked step's, in its fake run: the code after a break runs eagerly "
+                "(verify measures both)"
+            )
         if "unchecked_seconds" in partition:
             console.print(
                 f"its graphs priced kernel by kernel on the {plan.settings.device} roofline: "

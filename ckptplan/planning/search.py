@@ -24,6 +24,8 @@ from ckptplan.values.budget import ResolvedBudget
 from ckptplan.values.plan import Plan
 from ckptplan.values.profile_types import Profile
 
+UNCHECKED_FIGURES = ("seconds", "compiled_graphs", "graph_breaks")
+"""What a compiled plan's partition records of the unchecked step's, beside its own."""
 FAKE_RUN_TRIES = 4
 RELAX_TRIES = 6
 """Solves whose plan the fake run checks; each retry takes the overshoot (doubled each time)
@@ -193,11 +195,14 @@ class Search:
         if partition is not None:
             self.chain_times[key] = plan.predicted.recompute_time_s
             self._fake_run(replace(plan, regions=()))
-            unchecked = self.partitions[_key(replace(plan, regions=()))]["seconds"]
+            unchecked = self.partitions[_key(replace(plan, regions=()))]
             predicted = replace(
                 predicted,
-                recompute_time_s=partition["seconds"] - unchecked,
-                compiled_partition={**partition, "unchecked_seconds": unchecked},
+                recompute_time_s=partition["seconds"] - unchecked["seconds"],
+                compiled_partition={
+                    **partition,
+                    **{f"unchecked_{name}": unchecked[name] for name in UNCHECKED_FIGURES},
+                },
             )
         return replace(plan, predicted=predicted), peak
 
