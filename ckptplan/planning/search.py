@@ -48,8 +48,8 @@ def search_plan(search: Search, solver: str) -> tuple[Plan | None, int]:
         if segments is not None and not (
             plan is not None
             and selective_pays(
-                plan.predicted.recompute_time_s,
-                segments.predicted.recompute_time_s,
+                search.chain_time(plan),
+                search.chain_time(segments),
                 plan.predicted.step_time_s,
                 search.device.selective_slack if _policied(plan) else 0.0,
             )
@@ -81,11 +81,16 @@ class Search:
     chain_times: dict[str, float] = field(default_factory=dict)
     """The chain's recompute time of each confirmed compiled plan, by its regions: the plan
     predicts its partition's (Note [pricing the partition] in ``ckptplan.stepping.graphcost``),
-    the joined search bounds by the chain's."""
+    the search compares plans by the chain's."""
 
     @property
     def aim(self) -> int:
         return self.budget.aim
+
+    def chain_time(self, plan: Plan) -> float:
+        """``plan``'s recompute time as the chain prices it, which the search compares plans
+        by (a confirmed compiled plan predicts its partition's)."""
+        return self.chain_times.get(_key(plan), plan.predicted.recompute_time_s)
 
     @property
     def device(self) -> Device:
@@ -130,7 +135,7 @@ class Search:
                 high = trial
                 continue
             low, room = trial, max(room, self.aim - peak)
-            if looser.predicted.recompute_time_s < plan.predicted.recompute_time_s:
+            if self.chain_time(looser) < self.chain_time(plan):
                 plan, confirmed = looser, peak
         return plan, confirmed
 
@@ -152,7 +157,7 @@ class Search:
         # The chain prices a combination at its options' sum plus what it adds the same way
         # for every combination (the blocks outside runs, the segment's tail).
         constant = joined_plan(front[0]).predicted.recompute_time_s - front[0].recompute_time
-        bound = self.chain_times.get(_key(plan), plan.predicted.recompute_time_s) - constant
+        bound = self.chain_time(plan) - constant
         candidates = [point for point in front if point.recompute_time < bound]
         if not candidates:
             return plan, confirmed
@@ -161,10 +166,7 @@ class Search:
         )
         if best is None:
             return plan, confirmed
-        faster, peak = joined._confirmed(joined_plan(candidates[best]))
-        if faster.predicted.recompute_time_s < plan.predicted.recompute_time_s:
-            return faster, peak
-        return plan, confirmed
+        return joined._confirmed(joined_plan(candidates[best]))
 
     def _joined_plan(self, runs: list[tuple[int, int]], choice: dict[int, int]) -> Plan:
         """One region over each run with ``choice``'s options; every other block alone."""
