@@ -189,7 +189,7 @@ class _Installer:
                 f"nested region {names} is neither a run of {region_name(parent.units)} nor "
                 "inside it; re-solve the plan"
             )
-        self.region(child, top=False, swap=True)
+        run.enclose(self.region(child, top=False, swap=True))
 
     def install(self) -> None:
         """Route each planned member's calls to its region: a module's only call directly, the

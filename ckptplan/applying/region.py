@@ -12,8 +12,9 @@ Note [knowing a recomputation]
     context it returns (``Replaying``) is entered around each recomputation, before the
     selective policy's dispatch modes, so it can copy the buffers to restore while those modes
     do not yet run (their recompute side refuses an op the forward did not run). Nested regions
-    share one count of the recomputations running (``Replays``): a nested region that runs
-    inside its enclosing region's recomputation is recomputed too, and is counted so. Under
+    (a run of the enclosing region's members, or modules inside them) share one count of the
+    recomputations running (``Replays``): a nested region that runs inside its enclosing
+    region's recomputation is recomputed too, and is counted so. Under
     ``torch.compile`` no such context is passed (the compiler takes only selective-checkpoint
     contexts): the partitioner decides what recomputes, and nothing is counted.
 """
@@ -122,6 +123,8 @@ class RegionRun:
         """Buffers the forward mutates (BatchNorm statistics): restored after recomputation."""
         self.replays = Replays()
         """Shared by every region of one nest (Note [knowing a recomputation])."""
+        self.inside: list[RegionRun] = []
+        """Nested regions of modules inside the members, called from those modules."""
         self.pending: list[Any] = []
         self.expected: torch.Tensor | None = None
 
@@ -132,12 +135,17 @@ class RegionRun:
         self.steps = sorted(steps, key=lambda s: s[0])
         child.share(self.replays)
 
+    def enclose(self, child: RegionRun) -> None:
+        """``child`` checkpoints modules inside this region's members, entered from their own
+        calls: it recomputes whenever this region does."""
+        self.inside.append(child)
+        child.share(self.replays)
+
     def share(self, replays: Replays) -> None:
         """Count this region's and its nested regions' recomputations in ``replays``."""
         self.replays = replays
-        for _, _, child in self.steps:
-            if child is not None:
-                child.share(replays)
+        for child in [c for _, _, c in self.steps if c is not None] + self.inside:
+            child.share(replays)
 
     def run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         """The checkpointed function: every member in order, through its original call."""
