@@ -153,7 +153,7 @@ def _stages(
                         np.arange(lo, hi),
                     )
                 )
-        stages[s] = _frontier_of(pieces, runs, before if bound else None, bound, limit)
+        stages[s] = _frontier_of(pieces, runs, before, bound, limit)
     return stages
 
 

@@ -36,6 +36,7 @@ from ckptplan.huggingface import (  # noqa: E402
     routes_hub_functions,
     training_conventions,
 )
+from tests.test_reports import Said  # noqa: E402
 
 TOKENS = {"vocab_size": 64, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
 BERT = {
@@ -201,15 +202,6 @@ def test_the_noise_dropped_is_what_transformers_logs() -> None:
         logger.removeHandler(handler)
     warned = [m for m in handler.messages if "ckptplan_test_no_such_loss" in m]
     assert len(warned) == 1 and pattern.search(warned[0])
-
-
-class Said(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
 
 
 def test_the_layerdrop_names_are_where_a_model_keeps_its_probability() -> None:

@@ -196,8 +196,9 @@ class Search:
         predicted = replace(plan.predicted, fake_run_peak_bytes=peak)
         if partition is not None:
             self.chain_times[key] = plan.predicted.recompute_time_s
-            self._fake_run(replace(plan, regions=()))
-            unchecked = self.partitions[_key(replace(plan, regions=()))]
+            unchecked_plan = replace(plan, regions=())
+            self._fake_run(unchecked_plan)
+            unchecked = self.partitions[_key(unchecked_plan)]
             predicted = replace(
                 predicted,
                 recompute_time_s=partition["seconds"] - unchecked["seconds"],
