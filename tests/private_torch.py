@@ -17,12 +17,8 @@ ALLOWED_PREFIXES = ("torch.utils._pytree", "torch.ops.")
 KEPT = {
     "torch.utils._python_dispatch.TorchDispatchMode": (
         "eager offload caches op outputs at dispatch, and TorchDispatchMode has no public home "
-        "(torch 2.11 to 2.14; torch's docs import it from here): ckptplan/applying/offload.py"
-    ),
-    "torch.autograd.Variable._execution_engine": (
-        "the first backward's report runs at the end of the backward (queue_callback), which "
-        "no public API offers; a multi-grad hook on the parameters never fires under FSDP2, "
-        "whose sharded parameters get no autograd gradient: ckptplan/applying/stats.py"
+        "(torch 2.11 to 2.14; torch's docs import it from here): ckptplan/applying/offload.py, "
+        "which only a plan that offloads in eager mode loads"
     ),
 }
 """Private names the runtime keeps, each with the reason no public route serves."""

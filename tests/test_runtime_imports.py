@@ -1,7 +1,8 @@
 """A training job's ``import ckptplan; ckptplan.apply(model, "plan.json")`` loads only the
 runtime: none of the planner, its solvers' libraries (ortools, networkx) or the CLI's (rich,
 click), and no torch compiler module that torch's own checkpoint does not load. No module it
-loads names a private torch API (``tests/private_torch.py``) but the few kept for a reason.
+loads names a private torch API (``tests/private_torch.py``): the runtime's one that does, eager
+offload's, loads only for a plan that offloads in eager mode.
 
 Each side runs in a fresh interpreter, so what the test process imported does not count: a step
 with the plan applied, and the same step with the same blocks checkpointed by torch alone (whose
@@ -75,8 +76,8 @@ def _heavy(module: str) -> bool:
     return any(module == name or module.startswith(f"{name}.") for name in HEAVY)
 
 
-def _private_torch(modules: list[str]) -> dict[str, list[str]]:
-    """The private torch names each of ``modules`` of ckptplan uses, but those kept or pending."""
+def _private_torch(modules: list[str], allowed: set[str]) -> dict[str, list[str]]:
+    """The private torch names each of ``modules`` of ckptplan uses, but those ``allowed``."""
     found = {}
     for name in modules:
         if name != "ckptplan" and not name.startswith("ckptplan."):
@@ -84,7 +85,6 @@ def _private_torch(modules: list[str]) -> dict[str, list[str]]:
         spec = importlib.util.find_spec(name)
         assert spec is not None and spec.origin is not None, name
         uses = private_torch(Path(spec.origin).read_text())
-        allowed = KEPT.keys()
         found[name] = [use for use in uses if use.partition(": ")[2] not in allowed]
     return {name: uses for name, uses in found.items() if uses}
 
@@ -110,9 +110,20 @@ def test_applying_a_plan_loads_only_the_runtime(tiny_gpt: Path, tmp_path: Path) 
     added = set(planned["modules"]) - set(by_torch["modules"])
     assert sorted(filter(_heavy, added)) == []
     assert sorted(filter(_planner, planned["modules"])) == []
-    assert _private_torch(planned["modules"]) == {}
+    assert _private_torch(planned["modules"], allowed=set()) == {}
     print(
         f"import torch: {by_torch['torch_s']:.3f} s; import ckptplan and apply: "
         f"{planned['added_s']:.3f} s; torch's checkpoint on every block: "
         f"{by_torch['added_s']:.3f} s"
     )
+
+
+def test_the_runtime_names_no_private_torch_but_eager_offload() -> None:
+    """Every module of the runtime, loaded or not: only eager offload's keeps a private name
+    (``tests/private_torch.py``), and it is loaded by the plans that offload in eager mode."""
+    runtime = [
+        "ckptplan.train_api",
+        *(f"ckptplan.applying.{p.stem}" for p in (ROOT / "ckptplan" / "applying").glob("*.py")),
+    ]
+    assert _private_torch(runtime, allowed=set(KEPT)) == {}
+    assert set(_private_torch(runtime, allowed=set())) == {"ckptplan.applying.offload"}

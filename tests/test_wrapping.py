@@ -230,6 +230,38 @@ def test_a_region_that_is_never_recomputed_is_a_warning(caplog) -> None:
     assert "never recomputed: blocks.1" in caplog.text
 
 
+def test_the_report_waits_for_a_region_whose_input_needs_no_gradient() -> None:
+    """The first region's input is the data: its call finishes when its parameters' gradients
+    do, after its recomputation (Note [the end of the first backward])."""
+    model = Collecting([torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)])
+    ckptplan.apply(model, plan_for(model, [{"modules": ["blocks.0"]}, {"modules": ["blocks.1"]}]))
+    toy_grads(model)
+    assert "recomputed 2 of 2 checkpointed regions" in model.ckptplan_applied.first_backward
+
+
+class Unused(torch.nn.Module):
+    """Runs its second block on the data, and leaves its output out of the loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.blocks[1](x)
+        return self.blocks[0](x).square().sum()
+
+
+def test_a_region_no_backward_reaches_is_reported_at_the_next_step(caplog) -> None:
+    model = Unused()
+    ckptplan.apply(model, plan_for(model, [{"modules": ["blocks.0"]}, {"modules": ["blocks.1"]}]))
+    model(torch.randn(4, 8)).backward()
+    assert model.ckptplan_applied.first_backward is None
+    with caplog.at_level(logging.WARNING, logger="ckptplan"):
+        model(torch.randn(4, 8))
+    assert "recomputed 1 of 2" in model.ckptplan_applied.first_backward
+    assert "never recomputed: blocks.1" in caplog.text
+
+
 def test_every_member_of_a_region_returns_its_own_output() -> None:
     """A region of three blocks whose outputs are all used later: each member's output reaches
     the loss as its own (the gradients), and the members run again in backward, once. The last

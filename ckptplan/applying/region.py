@@ -33,10 +33,9 @@ from torch.utils.checkpoint import checkpoint
 from ckptplan.applying.gpukernels import GPU_ONLY_OPS, GpuAttention, emulated, runs_gpu_kernels
 from ckptplan.applying.guards import refuse_second_checkpointing
 from ckptplan.applying.hublayers import resolve_hub_layers
-from ckptplan.applying.offload import offload_contexts
 from ckptplan.applying.policy import OpCalls, op_overload, selective_contexts
 from ckptplan.applying.stats import RegionStats, Reporter, region_name
-from ckptplan.applying.tensors import first_tensor
+from ckptplan.applying.tensors import first_tensor, input_tensors
 from ckptplan.errors import CkptplanError, option
 from ckptplan.huggingface import checkpointing_layers
 from ckptplan.values.policy_types import OpCall, Policy
@@ -172,6 +171,8 @@ class RegionRun:
             return self._members(args, kwargs)
         if torch.compiler.is_compiling():
             return self._checkpoint(args, kwargs)
+        if self.reporter is not None:
+            self.reporter.before_forward()
         self.stats.forwards += 1
         refuse_second_checkpointing(self.name, self.hf_layers)
         self.emulating = emulated()
@@ -182,7 +183,8 @@ class RegionRun:
         changed = [b for b, v in zip(others, versions, strict=True) if b._version != v]
         self.stateful = norms + changed
         if self.reporter is not None:
-            self.reporter.watch(outs[-1])
+            params = [p for m in self.modules for p in m.parameters()]
+            self.reporter.watch([*input_tensors((args, kwargs)), *params])
         return outs
 
     def _spread(self, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
@@ -208,7 +210,7 @@ class RegionRun:
             # Built here, not stored: torch.compile takes a context_fn made in the traced
             # frame. Eager torch recomputes what a *_CPU_OFFLOAD policy names, so eager offload
             # runs ckptplan's own caching modes; under torch.compile the partitioner does.
-            policy = offload_contexts if offloads and not compiling else selective_contexts
+            policy = _eager_offload() if offloads and not compiling else selective_contexts
             contexts = functools.partial(policy, saves, offloads)
         if not compiling:
             contexts = functools.partial(_replayed, self, contexts)
@@ -255,6 +257,15 @@ class RegionRun:
         out = self.pending.pop(0)
         self.expected = first_tensor(out) if self.pending else None
         return out
+
+
+def _eager_offload() -> Callable[[OpCalls, OpCalls], tuple[Any, Any]]:
+    """The contexts of a region that offloads in eager mode, imported at its first call: their
+    module is the one in the runtime that names a private torch API (``TorchDispatchMode``),
+    so only a plan that offloads in eager mode loads it."""
+    from ckptplan.applying.offload import offload_contexts
+
+    return offload_contexts
 
 
 def _next_arguments(

@@ -9,12 +9,13 @@ recompile the model at every step): only eager regions count.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.autograd.graph import register_multi_grad_hook
 
-from ckptplan.applying.tensors import first_tensor
 from ckptplan.values.policy_types import Policy
 
 log = logging.getLogger("ckptplan")
@@ -73,31 +74,53 @@ def _count(n: int, noun: str) -> str:
 
 
 class Reporter:
-    """Logs, once, how many regions the first backward recomputed (eager mode)."""
+    """Logs, once, how many regions the first backward recomputed (eager mode).
+
+    Note [the end of the first backward]
+        No public torch API calls back at the end of a backward, so the report waits instead
+        for the backward to finish every region call that ran forward: a call has finished
+        when the gradients of what it consumed (its inputs and parameters that require grad)
+        are computed. ``register_multi_grad_hook`` (mode ``all``) tells that, and ignores
+        tensors the backward does not reach; FSDP2's sharded parameters, which get no autograd
+        gradient, are left out. A call none of whose tensors the backward reaches keeps the
+        report waiting: the next region forward after a backward makes it then.
+    """
 
     def __init__(self, applied: AppliedPlan) -> None:
         self.applied = applied
-        self.queued = False
+        self.waiting = 0
+        """Region calls of this step whose backward has not finished."""
+        self.backward_seen = False
+        self.handles: list[Any] = []
         self.done = False
 
-    def watch(self, out: Any) -> None:
-        """Hook the region's output so the end of the backward through it is seen."""
+    def before_forward(self) -> None:
+        """A region is about to run forward: a backward since the last forward ended the step."""
+        if self.backward_seen and not self.done:
+            self._report()
+
+    def watch(self, consumed: list[torch.Tensor]) -> None:
+        """Wait for the gradients of what a region call consumed."""
         if self.done:
             return
-        leaf = first_tensor(out)
-        if leaf is not None and leaf.requires_grad:
-            leaf.register_hook(self._on_gradient)
+        unique = {id(t): t for t in consumed if t.requires_grad and _autograd_tensor(t)}
+        if not unique:
+            return
+        self.waiting += 1
+        hook = register_multi_grad_hook(list(unique.values()), self._finished, mode="all")
+        self.handles.append(hook)
 
-    def _on_gradient(self, grad: torch.Tensor) -> None:
-        if not self.queued and not self.done:
-            self.queued = True
-            # Private, for want of a public route (torch 2.11 to 2.14): only the engine's
-            # callback runs at the end of the backward. A multi-grad hook on the parameters
-            # would never fire under FSDP2, whose sharded parameters get no autograd gradient.
-            torch.autograd.Variable._execution_engine.queue_callback(self._report)
+    def _finished(self, grads: Sequence[torch.Tensor | None]) -> None:
+        self.backward_seen = True
+        self.waiting -= 1
+        if self.waiting == 0 and not self.done:
+            self._report()
 
     def _report(self) -> None:
         self.done = True
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
         stats = self.applied.stats
         ran = [s for s in stats if s.forwards > 0]
         missed = [s.name for s in ran if s.recomputes == 0]
@@ -114,3 +137,9 @@ class Reporter:
             )
         else:
             log.info("%s", text)
+
+
+def _autograd_tensor(t: torch.Tensor) -> bool:
+    """A plain tensor or parameter, whose gradient autograd computes (not a tensor subclass
+    such as FSDP2's sharded DTensor parameters)."""
+    return type(t) in (torch.Tensor, torch.nn.Parameter)
