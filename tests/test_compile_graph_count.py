@@ -19,6 +19,7 @@ from ckptplan.cli.main import cli
 from ckptplan.loading import load_model_file
 from ckptplan.stepping.fakerun import compiled_fake_run
 from ckptplan.values.plan import Plan
+from tests.conftest import MODELS
 from tests.test_rewrite import plan_for
 
 pytestmark = pytest.mark.slow  # compiles with inductor (README: the default tier keeps one case)
@@ -51,11 +52,30 @@ def example_inputs(batch_size: int = 16) -> torch.Tensor:
     return torch.randn(batch_size, 32)
 
 
+class Configured(nn.Module):
+    """Sets an attribute at its first call, as transformers' loss sets its config's problem
+    type: dynamo compiles the step again at the second call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(32, 32)
+        self.kind: str | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind is None:
+            self.kind = "set"
+        return torch.tanh(self.linear(x))
+
+
+def build_configured() -> nn.Module:
+    return nn.Sequential(nn.Linear(32, 32), Configured(), nn.Linear(32, 32), nn.Tanh())
+
+
 SPEC = "tests.test_compile_graph_count:build_model"
 
 
-def compiled_plan(regions: list[dict[str, Any]]) -> Plan:
-    data = plan_for(build_model(), regions).to_json()
+def compiled_plan(regions: list[dict[str, Any]], model: nn.Module | None = None) -> Plan:
+    data = plan_for(model or build_model(), regions).to_json()
     data["settings"] = {**data["settings"], "compiled": True}
     return Plan.from_json(data)
 
@@ -95,3 +115,24 @@ def test_solve_says_when_its_plan_adds_graph_breaks(tmp_path) -> None:
     assert "under torch.compile the plan adds" in " ".join(result.output.split())
     partition = Plan.load(plan).predicted.compiled_partition
     assert partition["unchecked_graph_breaks"] == 0 < partition["graph_breaks"]
+
+
+def test_the_partition_prices_the_graphs_the_measured_step_runs() -> None:
+    """A step compiled again at its second call runs the second graphs only: they are priced
+    once, as the step that never recompiles is."""
+    _, plain = compiled_fake_run(load_model_file(SPEC), compiled_plan([]))
+    configured = load_model_file("tests.test_compile_graph_count:build_configured")
+    _, again = compiled_fake_run(configured, compiled_plan([], build_configured()))
+    assert (plain.compiled_graphs, again.compiled_graphs) == (1, 2)
+    assert plain.seconds > 0
+    assert again.seconds == pytest.approx(plain.seconds, rel=0.1)  # not twice it
+
+
+def test_a_hugging_face_decoder_compiles_to_one_graph_in_the_fake_run() -> None:
+    """transformers asks whether the position ids pack sequences; traced, it answers itself
+    (it builds the mask), in the real compiled step and the fake one alike. Answered by the
+    fake run, as an eager fake step is, the question broke the graph in every step."""
+    pytest.importorskip("transformers")
+    workload = load_model_file(MODELS / "hf_llama.py")
+    _, plain = compiled_fake_run(workload, compiled_plan([], workload.build()))
+    assert (plain.compiled_graphs, plain.graph_breaks) == (1, 0)

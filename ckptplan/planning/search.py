@@ -50,7 +50,7 @@ def search_plan(search: Search, solver: str) -> tuple[Plan | None, int]:
             and selective_pays(
                 search.chain_time(plan),
                 search.chain_time(segments),
-                plan.predicted.step_time_s,
+                search.prof.step_time,
                 search.device.selective_slack if _policied(plan) else 0.0,
             )
         ):
@@ -202,6 +202,7 @@ class Search:
             predicted = replace(
                 predicted,
                 recompute_time_s=partition["seconds"] - unchecked["seconds"],
+                step_time_s=unchecked["seconds"],
                 compiled_partition={
                     **partition,
                     **{f"unchecked_{name}": unchecked[name] for name in UNCHECKED_FIGURES},

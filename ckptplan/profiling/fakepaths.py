@@ -53,13 +53,16 @@ def answering() -> bool:
 def real_step_paths(inputs: Any, compiled: bool = False) -> Iterator[None]:
     """While active, the fake step takes the real step's paths for ``inputs`` (see above).
 
-    A ``compiled`` step's layouts are inductor's, not the CPU kernels': it only gets the
-    library questions answered (and ``torch.compile`` runs no frame under a dispatch mode).
+    A ``compiled`` step takes its paths as it is: its layouts are inductor's, not the CPU
+    kernels', and the library asks its question of a traced tensor, which it answers itself
+    the same way on fake and real tensors (transformers builds the mask when it traces).
+    Answering it here would graph-break the fake step where the real one does not.
     """
     with ExitStack() as stack:
-        if not compiled and any(isinstance(t, FakeTensor) for t in pytree.tree_leaves(inputs)):
-            stack.enter_context(_CpuLayouts())
-        stack.enter_context(_one_sequence_per_row(inputs))
+        if not compiled:
+            if any(isinstance(t, FakeTensor) for t in pytree.tree_leaves(inputs)):
+                stack.enter_context(_CpuLayouts())
+            stack.enter_context(_one_sequence_per_row(inputs))
         yield
 
 

@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -33,6 +34,7 @@ import torch.fx
 
 from ckptplan.patching import patched_config
 from ckptplan.profiling.memtrack import CompiledStepTracker, compiled_step_tracker, fused
+from ckptplan.stepping.fusion import fused_away
 from ckptplan.stepping.inductor_memory import GraphMemory, graph_memory
 
 
@@ -54,7 +56,9 @@ class Partition:
     """Graphs, forward and backward, whose memory was read from inductor's lowering
     (``inductor_memory``); the others were counted op by op, as eager kernels run them."""
     seconds: float = 0.0
-    """The forward and backward graphs' time on the target (``stepping.graphcost``)."""
+    """The time on the target (``stepping.graphcost``) of the forward and backward graphs the
+    measured step ran: not of those compiled before a recompilation, which it no longer runs
+    (transformers' loss sets its config at the first step, so the second recompiles)."""
 
     @property
     def graphs(self) -> int:
@@ -63,6 +67,10 @@ class Partition:
     @property
     def saved_bytes(self) -> int:
         return sum(_bytes(shape, dtype) for graph in self.saved for shape, dtype in graph)
+
+    def ran(self, seconds: float) -> None:
+        """A graph of ``seconds`` ran in the measured step."""
+        self.seconds += seconds
 
     def note_backward(self, graph: torch.fx.GraphModule) -> None:
         self.saved.append(list(saved_tensors(graph)))
@@ -98,7 +106,8 @@ def partitioning_backend(
     log: Partition, price: Callable[[torch.fx.GraphModule], float] | None = None
 ) -> Callable[..., Any]:
     """A ``torch.compile`` backend that partitions as inductor does and runs eager kernels;
-    ``price`` gives each graph's seconds, added up in the log."""
+    ``price`` gives each graph's seconds, added up in the log for each run in the measured
+    step."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch import config as functorch_config
     from torch._guards import detect_fake_mode
@@ -106,10 +115,10 @@ def partitioning_backend(
     from torch._inductor.virtualized import V
 
     def lowered(graph: torch.fx.GraphModule, example_inputs: Any, is_backward: bool) -> Any:
-        log.seconds += price(graph) if price else 0.0
+        seconds = price(graph) if price else 0.0
         memory = graph_memory(graph, example_inputs, is_backward)
         log.lowered_graphs += memory is not None
-        return _freeing(graph, memory)
+        return _freeing(graph, memory, functools.partial(log.ran, seconds))
 
     def forward(graph: torch.fx.GraphModule, example_inputs: Any) -> Any:
         log.compiled_graphs += 1
@@ -140,7 +149,9 @@ def partitioning_backend(
     return backend
 
 
-def _freeing(graph: torch.fx.GraphModule, memory: GraphMemory | None) -> Callable[[list[Any]], Any]:
+def _freeing(
+    graph: torch.fx.GraphModule, memory: GraphMemory | None, ran: Callable[[], None]
+) -> Callable[[list[Any]], Any]:
     """``graph`` run op by op, each value (the saved tensors among them) dropped after its last
     use, as inductor's code does: the boxed calling convention hands over the argument list,
     which the interpreter clears. A plain ``graph.forward`` would hold every saved tensor until
@@ -150,11 +161,14 @@ def _freeing(graph: torch.fx.GraphModule, memory: GraphMemory | None) -> Callabl
     (``inductor_memory``): the step's tracker is told its peak above what the caller holds,
     with the buffers of the library kernels the graph calls on top, and counts the graph's
     outputs once it returns. Where inductor could not lower the graph here, the
-    tracker counts the eager kernels' values instead, less those inductor fuses away."""
+    tracker counts the eager kernels' values instead, less those inductor fuses away. Each run
+    in the measured step (the tracker's) is told to ``ran``."""
     interpreter = _Fusing(graph)
 
     def run(args: list[Any]) -> Any:
         tracker = compiled_step_tracker()
+        if tracker is not None:
+            ran()
         try:
             if memory is None or tracker is None:
                 return interpreter.boxed_run(args)
@@ -280,64 +294,6 @@ class _Fusing(torch.fx.Interpreter):
 #     traced layouts, and every op of backward reads a copy in the traced layout, uncounted
 #     (an eager kernel given channels-last inputs would propagate the layout to values that
 #     later views expect contiguous; inductor's kernels index the saved buffer as it is).
-
-
-# Note [which values inductor fuses away]
-#     Inductor inlines a pointwise op into the kernel of each consumer that is pointwise or a
-#     reduction (through views, which become indexing), so its value never reaches memory;
-#     a value read by a library kernel (matmul, attention, a fallback op), by the graph's
-#     output or by the backward graph is written out. Executed with eager kernels, the
-#     decomposed gradient of GELU alone leaves five block-sized temporaries that inductor's
-#     one kernel never allocates: the fake run over-counted compiled peaks by 12-15%.
-
-
-def fused_away(graph: torch.fx.Graph) -> set[torch.fx.Node]:
-    """The pointwise nodes of ``graph`` whose every use fuses into its user's kernel. Random
-    ops are pointwise too, drawn inside the kernel, unless ``fallback_random`` has inductor
-    call eager's random kernels."""
-    from torch._inductor import config as inductor_config
-
-    fallback = inductor_config.fallback_random
-    tags = (torch.Tag.pointwise,) if fallback else (torch.Tag.pointwise, _RANDOM)
-    return {
-        node
-        for node in graph.nodes
-        if any(_tagged(node, tag) for tag in tags)
-        and node.users
-        and all(_fuses(user, fallback) for user in node.users)
-    }
-
-
-_RANDOM = torch.Tag.nondeterministic_seeded
-
-
-def _fuses(user: torch.fx.Node, fallback_random: bool) -> bool:
-    """Whether ``user``'s kernel reads its input from registers: a pointwise or reduction
-    kernel, but not eager's random kernel (``native_dropout`` is tagged pointwise), which
-    inductor calls on a materialised input under ``fallback_random``."""
-    if fallback_random and _tagged(user, _RANDOM):
-        return False
-    if _tagged(user, torch.Tag.pointwise) or _tagged(user, torch.Tag.reduction):
-        return True
-    if is_view(user):
-        return bool(user.users) and all(_fuses(u, fallback_random) for u in user.users)
-    return False
-
-
-def _tagged(node: torch.fx.Node, tag: torch.Tag) -> bool:
-    target = node.target
-    return node.op == "call_function" and tag in getattr(target, "tags", ())
-
-
-def is_view(node: torch.fx.Node) -> bool:
-    schema = getattr(node.target, "_schema", None)
-    return (
-        node.op == "call_function"
-        and schema is not None
-        and bool(schema.returns)
-        and schema.returns[0].alias_info is not None
-        and not schema.returns[0].alias_info.is_write
-    )
 
 
 def inductor_backend(log: Partition) -> Callable[..., Any]:

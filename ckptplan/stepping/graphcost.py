@@ -17,7 +17,10 @@ Note [pricing the partition]
     reads from memory and of its output if that is written out (a value ``fused_away`` is
     neither written nor read back), views free. A plan's predicted recompute time is its
     graphs' time less the unchecked step's, which can be below zero: a plan may run faster
-    than the step it checkpoints, as compile's own budget did on ViT (x0.84 at 0.7). The
+    than the step it checkpoints, as compile's own budget did on ViT (x0.84 at 0.7). Its
+    overhead is that difference over the unchecked step's graphs, one instrument for both,
+    and only graphs the measured step runs count: transformers' loss recompiles the step at
+    its second call, and the first graphs, priced as well, doubled ViT's figure. The
     search still compares plans by the chain's prices: choosing by these, it took whole-block
     regions for Llama's 0.3 point, predicted +10.4%, measured +15.1%, where the chain's
     selective plan measured +12.1%: whole-block recompute is priced low here, for reasons
@@ -33,7 +36,7 @@ import torch.fx
 
 from ckptplan.devices import Device, op_kind
 from ckptplan.profiling.costs import op_flops
-from ckptplan.stepping.compiled import fused_away, is_view
+from ckptplan.stepping.fusion import fused_away, is_view
 
 
 def graph_seconds(graph: torch.fx.GraphModule, device: Device) -> float:

@@ -35,6 +35,8 @@ class Prediction:
     recompute_time_s: float = 0.0
     """Time spent recomputing, and moving offloaded tensors to host memory and back."""
     step_time_s: float = 0.0
+    """The unchecked step's time; for a compiled plan, the unchecked compiled step's graphs as
+    its partition prices them, the same instrument as the plan's recompute time."""
     offloaded_bytes: int = 0
     """Host memory that offloaded tensors hold at the end of forward."""
     compiled_partition: dict[str, Any] | None = None
