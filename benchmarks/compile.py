@@ -408,7 +408,7 @@ def main() -> None:
     # Each entry compiles the same forward with its own backend: a cache entry each.
     torch._dynamo.config.recompile_limit = 64
     torch._dynamo.config.accumulated_recompile_limit = 4096
-    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    results: dict[str, Any] = {}
     for name in args.models:
         path = ROOT / name
         print(f"{path.stem}: measuring", flush=True)
@@ -417,6 +417,8 @@ def main() -> None:
         rows.append(
             {"strategy": "machine", "threads": 1, "uptime_before": before, "uptime_after": load()}
         )
+        # Read again: another run of this script, on other models, may have written since.
+        results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
         results[path.stem] = rows
         torch._dynamo.reset()
         RESULTS.write_text(json.dumps(results, indent=1) + "\n")
