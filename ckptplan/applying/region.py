@@ -35,7 +35,7 @@ from ckptplan.applying.guards import refuse_second_checkpointing
 from ckptplan.applying.hublayers import resolve_hub_layers
 from ckptplan.applying.policy import OpCalls, op_overload, selective_contexts
 from ckptplan.applying.stats import RegionStats, Reporter, region_name
-from ckptplan.applying.tensors import first_tensor, input_tensors
+from ckptplan.applying.tensors import first_tensor
 from ckptplan.errors import CkptplanError, option
 from ckptplan.huggingface import checkpointing_layers
 from ckptplan.values.policy_types import OpCall, Policy
@@ -183,8 +183,7 @@ class RegionRun:
         changed = [b for b, v in zip(others, versions, strict=True) if b._version != v]
         self.stateful = norms + changed
         if self.reporter is not None:
-            params = [p for m in self.modules for p in m.parameters()]
-            self.reporter.watch([*input_tensors((args, kwargs)), *params])
+            self.reporter.watch((args, kwargs), self.modules)
         return outs
 
     def _spread(self, *args: Any, **kwargs: Any) -> tuple[Any, ...]:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch.autograd.graph import register_multi_grad_hook
 
+from ckptplan.applying.tensors import input_tensors
 from ckptplan.values.policy_types import Policy
 
 log = logging.getLogger("ckptplan")
@@ -99,10 +100,13 @@ class Reporter:
         if self.backward_seen and not self.done:
             self._report()
 
-    def watch(self, consumed: list[torch.Tensor]) -> None:
-        """Wait for the gradients of what a region call consumed."""
+    def watch(self, inputs: Any, modules: list[torch.nn.Module]) -> None:
+        """Wait for the gradients of what a region call consumed: its ``inputs`` and the
+        parameters of its member ``modules`` (read only until the report is made)."""
         if self.done:
             return
+        params = [p for m in modules for p in m.parameters()]
+        consumed = [*input_tensors(inputs), *params]
         unique = {id(t): t for t in consumed if t.requires_grad and _autograd_tensor(t)}
         if not unique:
             return
