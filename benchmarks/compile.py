@@ -24,10 +24,10 @@ measured peak is no higher and which is fastest against that point, timed in pai
 and whether it is faster beyond noise (Note [noise in the verdicts]). Each compiled entry also
 records the graphs inductor compiled and the graph breaks dynamo counted while compiling it,
 and each ckptplan plan its predicted recompute overhead beside the measured one (its step over
-the compiled unchecked step, less one). The Hugging Face Llama and ViT of
-``benchmarks/models`` (12 layers, 256 and 577 tokens, the libraries' defaults: issue 43) are
-measured lean (``LEAN``). A ``machine`` row per model records the load (``uptime``) before
-and after: other jobs may share the cores.
+the compiled unchecked step's, less one, in back-to-back pairs as the verdicts are timed).
+The Hugging Face Llama and ViT of ``benchmarks/models`` (12 layers, 256 and 577 tokens, the
+libraries' defaults: issue 43) are measured lean (``LEAN``). A ``machine`` row per model
+records the load (``uptime``) before and after: other jobs may share the cores.
 
     python benchmarks/compile.py [--models sample_models/vit.py] [--rounds 9] [--pairs 24]
     python benchmarks/compile.py --models benchmarks/models/hf_llama_256.py \
@@ -277,6 +277,27 @@ def back_to_back(
     return ratios
 
 
+def measured_overheads(workload: Workload, entries: list[Entry], inputs: Any, pairs: int) -> None:
+    """Each ckptplan compiled plan's overhead over the compiled unchecked step, timed in
+    ``pairs`` back-to-back pairs with it (Note [noise in the verdicts]), beside its predicted
+    overhead: the median pair less one, the quartiles, and whether the prediction is within
+    25% of it (relative), or at least within its quartiles."""
+    unchecked = named(entries, "compiled")
+    for entry in entries:
+        predicted = entry.row.get("predicted_overhead")
+        if predicted is None or not entry.name.startswith("ckptplan-compiled"):
+            continue
+        ratios = back_to_back(workload, entry, unchecked, inputs, pairs)
+        low, _, high = (q - 1 for q in statistics.quantiles(ratios, n=4))
+        measured = statistics.median(ratios) - 1
+        entry.row.update(
+            measured_overhead=round(measured, 4),
+            measured_overhead_quartiles=[round(low, 4), round(high, 4)],
+            prediction_within_25_percent=abs(predicted - measured) <= 0.25 * abs(measured),
+            prediction_within_quartiles=low <= predicted <= high,
+        )
+
+
 # Note [noise in the verdicts]
 #     Steps of one entry vary by 5-10% from round to round on this machine (interquartile range
 #     of its ratio to the compiled unchecked step in a round of some twenty entries), as the
@@ -358,6 +379,7 @@ def run_model(path: Path, rounds: int, pairs: int) -> list[dict[str, Any]]:
                 f"{entry.name} compiled again while timed: its times are not its own"
             )
     judged = verdicts(workload, entries, inputs, pairs)
+    measured_overheads(workload, entries, inputs, pairs)
     inputs64 = tree_map(
         lambda t: t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t, inputs
     )
@@ -383,8 +405,6 @@ def run_model(path: Path, rounds: int, pairs: int) -> list[dict[str, Any]]:
             row["saved_bytes"] = log.saved_bytes
             row["graphs"] = log.compiled_graphs
             row["graph_breaks"] = log.graph_breaks
-        if row.get("predicted_overhead") is not None and "time_vs_compiled" in row:
-            row["measured_overhead"] = round(row["time_vs_compiled"] - 1, 4)
         rows.append(row)
     return rows + planned + judged
 

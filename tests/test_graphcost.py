@@ -1,16 +1,25 @@
 """Pricing a compiled graph kernel by kernel (``ckptplan.stepping.graphcost``): a value inductor
 fuses into its reader is neither written nor read back, one a library kernel reads is both, a
 fused kernel reads each input once, and a matmul pays its FLOPs, on the device's roofline
-(the chain's discount for fusion is not taken again)."""
+(the chain's discount for fusion is not taken again); where inductor lowers the graph, its
+scheduler's kernels are priced, a saved chain of pointwise ops as one kernel and a library
+call of several outputs once."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+from torch._inductor.compile_fx import select_decomp_table
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ckptplan.devices import get_device
-from ckptplan.stepping.graphcost import graph_seconds
+from ckptplan.stepping.compiled import CompiledModel
+from ckptplan.stepping.graphcost import graph_seconds, inferred_kernels
+from ckptplan.stepping.inductor_memory import GraphMemory, graph_memory
 
 CPU = get_device("cpu", compiled=True)
 ROOFLINE = get_device("cpu")
@@ -52,3 +61,60 @@ def test_views_cost_nothing() -> None:
     plain = priced(lambda x: torch.relu(x).sum(), (N, N))
     viewed = priced(lambda x: torch.relu(x.view(N * N)).sum(), (N, N))
     assert viewed == plain
+
+
+def forward_lowered(fn: Any, *inputs: torch.Tensor) -> tuple[torch.fx.GraphModule, GraphMemory]:
+    """``fn``'s partitioned forward graph, and inductor's lowering of it."""
+    found: list[tuple[torch.fx.GraphModule, GraphMemory | None]] = []
+
+    def forward(graph: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        found.append((graph, graph_memory(graph, example_inputs, is_backward=False)))
+        return make_boxed_func(graph.forward)
+
+    backend = aot_autograd(
+        fw_compiler=forward,
+        bw_compiler=lambda graph, _: make_boxed_func(graph.forward),
+        decompositions=select_decomp_table(),
+    )
+    CompiledModel(fn, backend)(*inputs).sum().backward()
+    graph, memory = found[0]
+    assert memory is not None and memory.kernels is not None, "inductor did not lower it"
+    return graph, memory
+
+
+class SavedChain(torch.nn.Module):
+    """Pointwise ops whose values backward needs, between two matmuls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(N, N))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x @ self.w).tanh().sigmoid().tanh() @ self.w
+
+
+def test_inductors_kernels_write_each_saved_value_once_and_read_none_back() -> None:
+    graph, memory = forward_lowered(SavedChain(), torch.randn(N, N))
+    kinds = [k.kind for k in memory.kernels]
+    assert kinds == ["matmul", "memory", "matmul"], "the three pointwise ops run as one kernel"
+    outputs = graph.graph.output_node().args[0][1:]
+    saved = sum(v.meta["val"].numel() * 4 for v in outputs if v.op == "call_function")
+    chain = memory.kernels[1]
+    # It reads the first matmul's output and writes the values backward needs, or those it
+    # recomputes them from, and the second matmul's input: no value written is read back.
+    assert chain.moved <= BYTES + saved + BYTES
+    # The groups inferred from the graph, where inductor does not lower it, are inductor's here.
+    assert graph_seconds(graph, CPU) == pytest.approx(graph_seconds(graph, CPU, memory.kernels))
+
+
+class Attention(torch.nn.Module):
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, q, q)
+
+
+def test_a_library_call_with_several_outputs_is_priced_once() -> None:
+    q = torch.randn(1, 2, N, 16, requires_grad=True)
+    graph, memory = forward_lowered(Attention(), q)
+    attention = [k for k in memory.kernels if k.kind == "attention"]
+    flops = sum(k.flops for k in inferred_kernels(graph.graph) if k.kind == "attention")
+    assert len(attention) == 1 and attention[0].flops == flops > 0

@@ -103,11 +103,12 @@ def _bytes(shape: tuple[int, ...], dtype: str) -> int:
 
 
 def partitioning_backend(
-    log: Partition, price: Callable[[torch.fx.GraphModule], float] | None = None
+    log: Partition, price: Callable[[torch.fx.GraphModule, Any], float] | None = None
 ) -> Callable[..., Any]:
     """A ``torch.compile`` backend that partitions as inductor does and runs eager kernels;
-    ``price`` gives each graph's seconds, added up in the log for each run in the measured
-    step."""
+    ``price`` gives each graph's seconds from the graph and the kernels inductor's lowering
+    made of it (None where it could not lower it), added up in the log for each run in the
+    measured step."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch import config as functorch_config
     from torch._guards import detect_fake_mode
@@ -115,8 +116,8 @@ def partitioning_backend(
     from torch._inductor.virtualized import V
 
     def lowered(graph: torch.fx.GraphModule, example_inputs: Any, is_backward: bool) -> Any:
-        seconds = price(graph) if price else 0.0
         memory = graph_memory(graph, example_inputs, is_backward)
+        seconds = price(graph, memory and memory.kernels) if price else 0.0
         log.lowered_graphs += memory is not None
         return _freeing(graph, memory, functools.partial(log.ran, seconds))
 

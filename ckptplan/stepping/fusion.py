@@ -21,17 +21,31 @@ def fused_away(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     """The pointwise nodes of ``graph`` whose every use fuses into its user's kernel. Random
     ops are pointwise too, drawn inside the kernel, unless ``fallback_random`` has inductor
     call eager's random kernels."""
-    from torch._inductor import config as inductor_config
-
-    fallback = inductor_config.fallback_random
-    tags = (torch.Tag.pointwise,) if fallback else (torch.Tag.pointwise, _RANDOM)
+    fallback = _fallback_random()
     return {
         node
         for node in graph.nodes
-        if any(_tagged(node, tag) for tag in tags)
+        if _pointwise(node, fallback)
         and node.users
-        and all(_fuses(user, fallback) for user in node.users)
+        and all(_fuses(u, fallback) for u in node.users)
     }
+
+
+def in_fused_kernel(node: torch.fx.Node) -> bool:
+    """Whether inductor runs ``node`` in a kernel of its own making, which may fuse with its
+    neighbours' (a pointwise op or a reduction), rather than calling a library kernel."""
+    return node.op == "call_function" and not is_view(node) and _fuses(node, _fallback_random())
+
+
+def _fallback_random() -> bool:
+    from torch._inductor import config as inductor_config
+
+    return bool(inductor_config.fallback_random)
+
+
+def _pointwise(node: torch.fx.Node, fallback_random: bool) -> bool:
+    tags = (torch.Tag.pointwise,) if fallback_random else (torch.Tag.pointwise, _RANDOM)
+    return any(_tagged(node, tag) for tag in tags)
 
 
 _RANDOM = torch.Tag.nondeterministic_seeded

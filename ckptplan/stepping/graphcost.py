@@ -7,46 +7,64 @@ Note [pricing the partition]
     The chain prices a compiled plan by its options: every op a region rebuilds costs its
     time in the step. But the unchecked compiled step is not the eager one: the min-cut
     partitioner already recomputes cheap pointwise values in backward instead of saving them,
-    and a recomputed pointwise op that inductor inlines into the backward kernel reading it
-    costs no memory traffic of its own, while a saved value costs a write in forward and a
-    read in backward. So on Hugging Face Llama (12x256, 256 tokens) the chain predicted
-    +14.0/+6.5/+3.8% over the compiled unchecked step where paired timings measured
-    +12.1/+4.7/+1.7%: about two points too high at every budget, the recompute the unchecked
-    step pays as well. Here each graph the fake run's partition made is priced as its kernels
-    run: a node's FLOPs on its class's roofline, and as traffic, for a node that is written
-    out, its output and the inputs its kernel reads from memory, its own and those of the
-    ``fused_away`` nodes it inlines, each once; views are free. The roofline is the device's
-    own: the chain halves a pointwise op's traffic for fusion it cannot see (Note [pricing a
-    compiled step]), which here would count fusion twice and price a saved value at half its
-    cost. So priced, the unchecked compiled step of HF ViT (12x192, 384px) is 0.533 s where
-    one thread measured 0.587 s, and HF Llama's 0.720 s where it measured 0.788 s; with the
-    chain's discount they were 0.434 and 0.635 s. A plan's predicted recompute time is its
-    graphs' time less the unchecked step's, which can be below zero: a plan may run faster
-    than the step it checkpoints, as compile's own budget did on ViT (x0.84 at 0.7). Its
-    overhead is that difference over the unchecked step's graphs, one instrument for both,
-    and only graphs the measured step runs count: transformers' loss recompiles the step at
-    its second call, and the first graphs, priced as well, doubled ViT's figure. The
-    search still compares plans by the chain's prices: choosing by these, it took whole-block
-    regions for Llama's 0.3 point, predicted +10.4%, measured +15.1%, where the chain's
-    selective plan measured +12.1%: whole-block recompute is priced low here, for reasons
-    not yet found.
+    and inductor runs a recomputed pointwise op inside the backward kernel that reads it,
+    while a saved value costs a write in forward and a read in backward. So each graph the
+    fake run's partition made is priced as inductor runs it: the kernels its scheduler made
+    of the graph (``graph_memory`` lowers it anyway, for its memory), each library call at
+    the FLOPs of the nodes it came from and each kernel at the bytes inductor counts for its
+    buffers, on the device's own roofline (the chain halves a pointwise op's traffic for
+    fusion it cannot see, Note [pricing a compiled step], which here would count fusion
+    twice). A plan's predicted recompute time is its graphs' time less the unchecked step's,
+    which can be below zero; its overhead is that difference over the unchecked step's
+    graphs, one instrument for both, and only graphs the measured step runs count
+    (transformers' loss recompiles the step at its second call). Where inductor cannot lower
+    a graph here, ``kernels`` groups its nodes as inductor's scheduler would, but inlines a
+    pointwise value into every reader where inductor writes out one that several read
+    (its ``realize_reads_threshold``).
+
+    Measured on one CPU thread in back-to-back pairs against the compiled unchecked step
+    (fake-run graphs priced on the reference CPU), HF ViT (12x192, 384px) plans at compile's
+    0.3/0.5/0.7 points: predicted +0.8/+1.8/+3.6%, measured +0.5/+1.4/+0.5%; HF Llama
+    (12x256, 256 tokens): predicted +16.2/+6.7/+3.6%, measured +9.5/+1.6/-0.2%. Node by
+    node, with every value a kernel of its own, ViT read -7% (a saved chain of norms and
+    activations paid a read of each value back, and residual sums inlined into every later
+    layer's norm re-read the whole residual stream); Llama +15.3/+7.3/+4.5%. What is left:
+    Llama's planned forward graphs ran 5% faster than the unchecked one at every budget, a
+    difference the bytes do not show, and this machine ran matmuls at 85 GFLOP/s where the
+    reference CPU's figures say 148. The search still compares plans by the chain's prices.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 import torch.fx
 
-from ckptplan.devices import Device, op_kind
+from ckptplan.devices import Device, OpKind, op_kind
 from ckptplan.profiling.costs import op_flops
-from ckptplan.stepping.fusion import fused_away, is_view
+from ckptplan.stepping.fusion import fused_away, in_fused_kernel, is_view
 
 
-def graph_seconds(graph: torch.fx.GraphModule, device: Device) -> float:
-    """The seconds ``graph``'s kernels take on ``device`` (Note [pricing the partition]).
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel of a compiled graph, as the roofline prices it."""
+
+    kind: OpKind
+    flops: float
+    moved: int
+    """Bytes the kernel reads from memory and writes to it."""
+    half: bool
+
+
+def graph_seconds(
+    graph: torch.fx.GraphModule, device: Device, lowered: Sequence[Kernel] | None = None
+) -> float:
+    """The seconds ``graph``'s kernels take on ``device`` (Note [pricing the partition]): the
+    kernels inductor's scheduler made of it (``lowered``, ``scheduled_kernels``) where it
+    could lower the graph here, else those ``kernels`` infers from the graph.
 
     >>> from torch.fx.experimental.proxy_tensor import make_fx
     >>> from ckptplan.devices import get_device
@@ -57,46 +75,160 @@ def graph_seconds(graph: torch.fx.GraphModule, device: Device) -> float:
     >>> graph_seconds(graph, cpu) > cpu.op_time("matmul", 2 * 64**3, 0, half=False)
     True
     """
-    roofline = replace(device, fused=False)  # fusion is modelled here, node by node
-    away = fused_away(graph.graph)
-    total = 0.0
-    for node in graph.graph.nodes:
-        if node.op != "call_function" or not hasattr(node.target, "_schema") or is_view(node):
+    roofline = replace(device, fused=False)  # fusion is modelled here, kernel by kernel
+    if lowered is None:
+        lowered = inferred_kernels(graph.graph)
+    return sum(roofline.op_time(k.kind, k.flops, k.moved, k.half) for k in lowered)
+
+
+def scheduled_kernels(nodes: Sequence[Any]) -> tuple[Kernel, ...]:
+    """The kernels of inductor's scheduler ``nodes`` (a graph lowered, fused and ordered):
+    a library call's FLOPs are those of the graph nodes it came from, and each kernel moves
+    the bytes inductor counts for its buffers (``get_read_write_buffers_sizes``)."""
+    from torch._inductor.ir import MultiOutput
+    from torch._inductor.scheduler import ExternKernelSchedulerNode, NopKernelSchedulerNode
+
+    found = []
+    for node in nodes:
+        # A library call's outputs taken apart (``MultiOutput``) are views of its result.
+        if isinstance(node, NopKernelSchedulerNode) or isinstance(node.node, MultiOutput):
             continue
-        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), _value)
-        out = node.meta.get("val")
-        flops = op_flops(node.target, args, kwargs, out)
-        half = any(t.dtype in (torch.float16, torch.bfloat16) for t in _tensors(out))
-        # A fused-away node runs inside its users' kernels, which read its inputs.
-        moved = 0 if node in away else _bytes(out) + _kernel_reads(node, away)
-        total += roofline.op_time(op_kind(str(node.target)), flops, moved, half)
-    return total
+        kind: OpKind = "memory"
+        flops = 0.0
+        if isinstance(node, ExternKernelSchedulerNode):
+            origins = [o for o in node.node.origins if hasattr(o.target, "_schema")]
+            kinds = [op_kind(str(o.target)) for o in origins]
+            kind = next((k for k in kinds if k != "memory"), "memory")
+            flops = sum(_flops(o) for o in origins)
+        dtypes = [buffer.node.maybe_get_dtype() for buffer in node.get_outputs()]
+        half = any(d in (torch.float16, torch.bfloat16) for d in dtypes)
+        found.append(Kernel(kind, flops, int(node.get_read_write_buffers_sizes()), half))
+    return tuple(found)
 
 
-def _kernel_reads(node: torch.fx.Node, away: set[torch.fx.Node]) -> int:
-    """Bytes the kernel that writes ``node`` reads from memory: each input of it, or of the
-    fused-away nodes it inlines, read once however many of them use it."""
-    read: dict[torch.fx.Node, int] = {}
-    stack = list(node.all_input_nodes)
+def inferred_kernels(graph: torch.fx.Graph) -> list[Kernel]:
+    """``graph``'s kernels as ``kernels`` groups its nodes, where inductor did not lower it."""
+    away = fused_away(graph)
+    found = []
+    for kernel in kernels(graph, away):
+        half = any(t.dtype in (torch.float16, torch.bfloat16) for t in _outputs(kernel))
+        written = sum(_bytes(t) for t in _outputs(kernel))
+        kind = op_kind(str(kernel[0].target)) if len(kernel) == 1 else "memory"
+        flops = sum(_flops(node) for node in kernel)
+        found.append(Kernel(kind, flops, written + _kernel_reads(kernel, away), half))
+    return found
+
+
+def kernels(graph: torch.fx.Graph, away: set[torch.fx.Node]) -> list[list[torch.fx.Node]]:
+    """The kernels inductor runs ``graph`` in (Note [one kernel per fused group]): each library
+    call alone, and the pointwise ops and reductions that write their values grouped, a value
+    joining its reader's kernel where no library call runs between them. Views and the
+    ``away`` nodes, inlined into their readers, belong to none.
+
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def step(x, w):
+    ...     y = torch.relu(x)
+    ...     return y @ w, y.sum() * 2
+    >>> graph = make_fx(step, tracing_mode="fake")(torch.ones(4, 4), torch.ones(4, 4)).graph
+    >>> [[str(n.target) for n in k] for k in kernels(graph, fused_away(graph))]
+    [['aten.relu.default', 'aten.sum.default', 'aten.mul.Tensor'], ['aten.mm.default']]
+    """
+    written = [
+        n
+        for n in graph.nodes
+        if n.op == "call_function" and hasattr(n.target, "_schema") and not is_view(n)
+    ]
+    written = [n for n in written if n not in away]
+    library = {n: i for i, n in enumerate(n for n in written if not in_fused_kernel(n))}
+    above = _library_reach(graph.nodes, library, lambda n: n.all_input_nodes)
+    below = _library_reach(reversed(graph.nodes), library, lambda n: list(n.users))
+    group = {n: n for n in written}
+
+    def root(node: torch.fx.Node) -> torch.fx.Node:
+        while group[node] is not node:
+            group[node] = group[group[node]]
+            node = group[node]
+        return node
+
+    for reader in written:
+        if reader in library:
+            continue
+        for value in _kernel_inputs([reader], away):
+            value = _base(value)
+            if value in group and value not in library and not below[value] & above[reader]:
+                group[root(value)] = root(reader)
+    members: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for node in written:
+        members.setdefault(root(node), []).append(node)
+    return list(members.values())
+
+
+def _library_reach(
+    nodes: Any, library: dict[torch.fx.Node, int], neighbours: Any
+) -> dict[torch.fx.Node, int]:
+    """Per node, the library calls (bits of ``library``'s numbers) it reaches through
+    ``neighbours`` (inputs: those it depends on; users: those that depend on it), itself
+    included."""
+    reach: dict[torch.fx.Node, int] = {}
+    for node in nodes:
+        bits = 1 << library[node] if node in library else 0
+        for other in neighbours(node):
+            bits |= reach.get(other, 0)
+        reach[node] = bits
+    return reach
+
+
+# Note [one kernel per fused group]
+#     Inductor writes a pointwise op's value to memory when a library kernel, the graph's
+#     output or the backward graph reads it; but the kernel that computes it also runs the
+#     pointwise ops and reductions that read it, in the same loop, where no library call
+#     must run in between. So a chain of pointwise ops whose values are all saved for backward
+#     (a forward graph's norms and activations) is one kernel that reads its inputs once and
+#     writes each saved value once, not one kernel per value each reading the last back (as
+#     ``tests/test_graphcost.py`` checks against inductor's own scheduler). A value feeds its
+#     reader's kernel from registers unless a library call lies between (a residual sum read
+#     again after the MLP: the matmuls need it first), which the library calls each node
+#     reaches above and below tell. This is the fallback: a graph inductor lowers is priced
+#     by its scheduler's kernels (Note [pricing the partition]).
+
+
+def _flops(node: torch.fx.Node) -> float:
+    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), _value)
+    return op_flops(node.target, args, kwargs, _value(node))
+
+
+def _outputs(kernel: list[torch.fx.Node]) -> list[torch.Tensor]:
+    return [t for node in kernel for t in _tensors(_value(node))]
+
+
+def _kernel_reads(kernel: list[torch.fx.Node], away: set[torch.fx.Node]) -> int:
+    """Bytes ``kernel`` reads from memory: each value written by another kernel (or a graph
+    input) that its nodes, or the fused-away nodes they inline, use, read once however many
+    of them use it."""
+    return sum(_bytes(_value(arg)) for arg in _kernel_inputs(kernel, away))
+
+
+def _kernel_inputs(kernel: list[torch.fx.Node], away: set[torch.fx.Node]) -> set[torch.fx.Node]:
+    """The values ``kernel`` reads from memory, as the nodes (views among them) it reads."""
+    own = set(kernel)
+    read: set[torch.fx.Node] = set()
     inlined: set[torch.fx.Node] = set()
+    stack = [arg for node in kernel for arg in node.all_input_nodes]
     while stack:
         arg = stack.pop()
-        if _in_memory(arg, away):
-            read.setdefault(arg, _bytes(_value(arg)))
-        elif arg not in inlined:
-            inlined.add(arg)
-            stack.extend(_base(arg).all_input_nodes)
-    return sum(read.values())
+        base = _base(arg)
+        if base in own:
+            continue
+        if base not in away:
+            read.add(arg)
+        elif base not in inlined:
+            inlined.add(base)
+            stack.extend(base.all_input_nodes)
+    return read
 
 
 def _value(node: torch.fx.Node) -> Any:
     return node.meta.get("val")
-
-
-def _in_memory(node: torch.fx.Node, away: set[torch.fx.Node]) -> bool:
-    """Whether a kernel reads ``node``'s value from memory: it was written out (through any
-    views of it), not computed in the reading kernel's registers."""
-    return _base(node) not in away
 
 
 def _base(node: torch.fx.Node) -> torch.fx.Node:

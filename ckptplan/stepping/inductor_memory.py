@@ -25,7 +25,7 @@ import contextlib
 import copy
 import itertools
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -33,6 +33,7 @@ import torch.fx
 
 from ckptplan.patching import patched, patched_config
 from ckptplan.profiling.memtrack import storage_key
+from ckptplan.stepping.graphcost import Kernel, scheduled_kernels
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,9 @@ class GraphMemory:
     library_calls: dict[str, LibraryCall] = field(default_factory=dict)
     """Graph node -> the library kernel inductor calls for it: where the kernel's own buffers
     (``profiling.workspace``) come on top of the graph's."""
+    kernels: tuple[Kernel, ...] | None = None
+    """The kernels inductor's scheduler made of the graph, in order: what the graph's time is
+    priced by (``stepping.graphcost``); None where they could not be read."""
 
     def peak(self, block: int) -> int:
         """The most bytes live at once, each storage rounded up to ``block`` bytes."""
@@ -96,6 +100,7 @@ def graph_memory(
     from torch._inductor import config as inductor_config
     from torch._inductor.codegen.wrapper import PythonWrapperCodegen
     from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.virtualized import V
 
     names = [n.name for n in graph.graph.nodes if n.op == "placeholder"]
     planned: list[GraphMemory] = []
@@ -104,6 +109,10 @@ def graph_memory(
     def read_lines(wrapper: PythonWrapperCodegen) -> None:
         plan_reuse(wrapper)
         planned.append(_replayed(wrapper.lines, names, example_inputs))
+        # The memory stands without the kernels: a scheduler node this torch lays out
+        # otherwise than ``scheduled_kernels`` reads leaves the graph priced from its nodes.
+        with contextlib.suppress(Exception):
+            planned[0] = replace(planned[0], kernels=scheduled_kernels(V.graph.scheduler.nodes))
         raise _Planned
 
     # Lowering mutates the graph (post-grad passes); the copy keeps the caller's graph as the
