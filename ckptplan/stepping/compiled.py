@@ -103,7 +103,7 @@ def _bytes(shape: tuple[int, ...], dtype: str) -> int:
 
 
 def partitioning_backend(
-    log: Partition, price: Callable[[torch.fx.GraphModule, Any], float] | None = None
+    log: Partition, price: Callable[..., float] | None = None
 ) -> Callable[..., Any]:
     """A ``torch.compile`` backend that partitions as inductor does and runs eager kernels;
     ``price`` gives each graph's seconds from the graph and the kernels inductor's lowering
@@ -117,7 +117,7 @@ def partitioning_backend(
 
     def lowered(graph: torch.fx.GraphModule, example_inputs: Any, is_backward: bool) -> Any:
         memory = graph_memory(graph, example_inputs, is_backward)
-        seconds = price(graph, memory and memory.kernels) if price else 0.0
+        seconds = price(graph, lowered=memory and memory.kernels) if price else 0.0
         log.lowered_graphs += memory is not None
         return _freeing(graph, memory, functools.partial(log.ran, seconds))
 

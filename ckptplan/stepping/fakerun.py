@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import functools
 from contextlib import nullcontext
-from typing import Any
 
 import torch
-import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ckptplan.applying.gpukernels import GpuAttention
 from ckptplan.applying.guards import GUARD_WARNINGS
 from ckptplan.applying.install import apply
-from ckptplan.devices import Device, get_device
+from ckptplan.devices import get_device
 from ckptplan.errors import CkptplanError, raised_by_ckptplan
 from ckptplan.huggingface import training_conventions
 from ckptplan.loading import Workload, build_fake
@@ -73,10 +71,6 @@ def compiled_fake_run(model_file: Workload, plan: Plan) -> tuple[int, Partition]
     return peak, log
 
 
-def _priced(graph: torch.fx.GraphModule, lowered: Any, device: Device) -> float:
-    return graph_seconds(graph, device, lowered)
-
-
 def _checkpointed_step_peak(
     model_file: Workload,
     plan: Plan,
@@ -97,8 +91,7 @@ def _checkpointed_step_peak(
         inputs = cast_floating(inputs, dtype)
         optimizer = make_optimizer(settings.optimizer, model)
         if compiled is not None:
-            on = get_device(settings.device, True)
-            price = functools.partial(_priced, device=on)
+            price = functools.partial(graph_seconds, device=get_device(settings.device, True))
             model = CompiledModel(model, partitioning_backend(compiled, price))
         run = StepRun(model, optimizer, inputs, settings.autocast)
         target = get_device(settings.device)

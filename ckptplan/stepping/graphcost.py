@@ -137,9 +137,11 @@ def kernels(graph: torch.fx.Graph, away: set[torch.fx.Node]) -> list[list[torch.
     written = [
         n
         for n in graph.nodes
-        if n.op == "call_function" and hasattr(n.target, "_schema") and not is_view(n)
+        if n.op == "call_function"
+        and hasattr(n.target, "_schema")
+        and not is_view(n)
+        and n not in away
     ]
-    written = [n for n in written if n not in away]
     library = {n: i for i, n in enumerate(n for n in written if not in_fused_kernel(n))}
     above = _library_reach(graph.nodes, library, lambda n: n.all_input_nodes)
     below = _library_reach(reversed(graph.nodes), library, lambda n: list(n.users))
