@@ -16,7 +16,8 @@ before.
 A fake run of a plan also keeps ckptplan's own logger quiet: it applies the plan, whose report
 (``checkpointed N regions``, what the first backward recomputed) is for the user's own run and
 would otherwise repeat, once per candidate plan, during ``solve``; so are the warnings of the
-plan's guards, for its own step, not the user's.
+plan's guards, for its own step, not the user's, and torch's advice on compiling a selective
+region, which the compiled fake runs' regions would draw.
 
 A logger is one object per process, and so is the list of warnings filters, so all three are
 process-wide patches, made under ``patching``'s lock (Note [process-wide patches]): a flag set
@@ -47,6 +48,10 @@ _LOGGERS = ("torch._subclasses.fake_tensor",)
 """Torch's loggers that log an exception ckptplan's fake runs catch (``log.exception``)."""
 _OWN_LOGGER = "ckptplan"
 """The logger of ``apply``'s report, which a fake run's ``apply`` would repeat."""
+_REGION_ADVICE_LOGGER = "torch._higher_order_ops.wrap"
+"""Torch's advice on every compiled checkpoint given a ``context_fn`` ("make sure the region
+does not contain in-place ops"): said of the regions a compiled fake run applies, during
+``solve``, where it reads as a warning about the user's model."""
 
 
 class _DropNoise(logging.Filter):
@@ -96,7 +101,7 @@ def fake_run_logs_quieted(ignored: tuple[type[Warning], ...] = ()) -> Iterator[N
     ``ignored`` classes are not shown: for a fake run of a plan, which applies it (and whose
     step is no user's: a plan for an H100 runs it on the CPU); also a decorator."""
     with (
-        _quieted((*_LOGGERS, _OWN_LOGGER)),
+        _quieted((*_LOGGERS, _OWN_LOGGER, _REGION_ADVICE_LOGGER)),
         library_noise_quieted(),
         caught_warnings(),
     ):

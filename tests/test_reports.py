@@ -5,6 +5,7 @@ noise about ckptplan's own steps dropped during its runs, and only there."""
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import re
@@ -12,6 +13,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 from rich.console import Console
 
 import ckptplan
@@ -178,6 +180,44 @@ class Said(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.messages.append(record.getMessage())
+
+
+def test_torchs_advice_on_compiled_regions_is_not_said_during_fake_runs() -> None:
+    """Compiling a selective region makes torch advise against in-place ops in it: said of
+    the regions a compiled fake run applies during ``solve``, it reads as a warning about the
+    user's model; the user's own compiled step still says it."""
+    log = logging.getLogger("torch._higher_order_ops.wrap")
+    said = Said()
+
+    def advice_said() -> bool:
+        torch._logging.warning_once.cache_clear()  # torch says it once per process
+        said.messages.clear()
+        contexts = functools.partial(
+            torch.utils.checkpoint.create_selective_checkpoint_contexts, _recompute_all
+        )
+        scope: dict[str, object] = {"torch": torch, "contexts": contexts}
+        # A fresh code object each time, so dynamo compiles again rather than reusing its cache.
+        exec(
+            "def region(x):\n"
+            "    return torch.utils.checkpoint.checkpoint(\n"
+            "        torch.sin, x, use_reentrant=False, context_fn=contexts)",
+            scope,
+        )
+        torch.compile(scope["region"], backend="aot_eager")(torch.ones(2, requires_grad=True))
+        return any("context_fn" in message for message in said.messages)
+
+    log.addHandler(said)
+    try:
+        assert advice_said(), "the advice this test keeps quiet, said by a compiled region"
+        with fake_run_logs_quieted():
+            assert not advice_said()
+        assert advice_said(), "the caller's own compiled step says it after, as before"
+    finally:
+        log.removeHandler(said)
+
+
+def _recompute_all(ctx: object, op: object, *args: object, **kwargs: object) -> object:
+    return torch.utils.checkpoint.CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def test_library_noise_is_dropped_inside_ckptplans_runs_and_only_there() -> None:
