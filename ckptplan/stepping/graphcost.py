@@ -32,7 +32,8 @@ Note [pricing the partition]
     +15.3/+7.3/+4.5%. What is left: in a quiet run of the same plans Llama's planned forward
     graphs ran 5% faster than the unchecked one at every budget, which the bytes do not show,
     and this machine ran matmuls at 85 GFLOP/s where the reference CPU's figures say 148.
-    The search still compares plans by the chain's prices.
+    The search compares the plans it confirms by this price (Note [ranking compiled plans]
+    in ``ckptplan.planning.search``).
 """
 
 from __future__ import annotations
