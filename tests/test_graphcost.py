@@ -63,21 +63,26 @@ def test_views_cost_nothing() -> None:
     assert viewed == plain
 
 
-def forward_lowered(fn: Any, *inputs: torch.Tensor) -> tuple[torch.fx.GraphModule, GraphMemory]:
-    """``fn``'s partitioned forward graph, and inductor's lowering of it."""
-    found: list[tuple[torch.fx.GraphModule, GraphMemory | None]] = []
+def forward_lowered(
+    fn: Any, *inputs: torch.Tensor, backward: bool = False
+) -> tuple[torch.fx.GraphModule, GraphMemory]:
+    """``fn``'s partitioned forward graph (or its backward graph), and inductor's lowering."""
+    found: dict[bool, tuple[torch.fx.GraphModule, GraphMemory | None]] = {}
 
-    def forward(graph: torch.fx.GraphModule, example_inputs: Any) -> Any:
-        found.append((graph, graph_memory(graph, example_inputs, is_backward=False)))
-        return make_boxed_func(graph.forward)
+    def compiler(is_backward: bool) -> Any:
+        def lower(graph: torch.fx.GraphModule, example_inputs: Any) -> Any:
+            found[is_backward] = (graph, graph_memory(graph, example_inputs, is_backward))
+            return make_boxed_func(graph.forward)
+
+        return lower
 
     backend = aot_autograd(
-        fw_compiler=forward,
-        bw_compiler=lambda graph, _: make_boxed_func(graph.forward),
+        fw_compiler=compiler(False),
+        bw_compiler=compiler(True),
         decompositions=select_decomp_table(),
     )
     CompiledModel(fn, backend)(*inputs).sum().backward()
-    graph, memory = found[0]
+    graph, memory = found[backward]
     assert memory is not None and memory.kernels is not None, "inductor did not lower it"
     return graph, memory
 
@@ -118,3 +123,27 @@ def test_a_library_call_with_several_outputs_is_priced_once() -> None:
     attention = [k for k in memory.kernels if k.kind == "attention"]
     flops = sum(k.flops for k in inferred_kernels(graph.graph) if k.kind == "attention")
     assert len(attention) == 1 and attention[0].flops == flops > 0
+
+
+class CheckpointedAttention(torch.nn.Module):
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        return torch.utils.checkpoint.checkpoint(Attention(), q, use_reentrant=False)
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "recomputed"])
+def test_attention_in_a_checkpointed_region_is_priced_at_its_flops(backward: bool) -> None:
+    """Note [attention in a checkpointed region]: inside a region the partitioner wraps
+    attention in the random-state wrappers, run in forward and again where backward
+    recomputes it; each is priced as the attention it runs, not as bytes moved."""
+    q = torch.randn(1, 2, N, 16, requires_grad=True)
+    _, plain = forward_lowered(Attention(), q)
+    graph, memory = forward_lowered(CheckpointedAttention(), q, backward=backward)
+    wrapped = [n for n in graph.graph.nodes if "rng_state" in str(n.target)]
+    assert wrapped, "the region's attention is wrapped"
+    forward_flops = [k.flops for k in plain.kernels if k.kind == "attention"]
+    attention = [k for k in memory.kernels if k.kind == "attention"]
+    inferred = [k for k in inferred_kernels(graph.graph) if k.kind == "attention"]
+    # Backward runs the forward attention again beside attention's own backward kernel.
+    assert forward_flops[0] > 0 and forward_flops[0] in [k.flops for k in attention]
+    assert sorted(k.flops for k in inferred) == sorted(k.flops for k in attention)
+    assert len(attention) == (2 if backward else 1)

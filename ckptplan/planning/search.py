@@ -247,14 +247,14 @@ class Search:
 #     The chain prices a compiled plan's recompute op by op from the eager step's profile,
 #     but the compiler recomputes cheap values outside regions too and runs a recomputed
 #     pointwise op inside the backward kernel that reads it, so two plans the chain orders one
-#     way can run the other. On HF ViT (12x192, 384px) the chain took, at compile's 0.7 point,
-#     a plan its partition priced at +3.6% when a plan of less memory was priced at +1.8%.
-#     Every plan the search confirms has had its fake run, whose partition is priced kernel by
-#     kernel (Note [pricing the partition] in ``ckptplan.stepping.graphcost``), so confirmed
-#     compiled plans are compared by that price at no extra cost: the relaxed targets' plans,
-#     the joined plan against the plan it would replace, auto against segments. Which plans
-#     get confirmed is still the chain's choice (the solver's schedules, the joined frontier):
-#     a fake run per candidate would take minutes on a large model.
+#     way can run the other (on HF ViT, 12x192 at 384px, the chain's plan at compile's 0.7
+#     point is priced by its partition at +3.6%, the plan at its 0.5 point, of less memory, at
+#     +1.8%). Every plan the search confirms has had its fake run, whose partition is priced
+#     kernel by kernel (Note [pricing the partition] in ``ckptplan.stepping.graphcost``), so
+#     confirmed compiled plans are compared by that price at no extra cost: the relaxed
+#     targets' plans, the joined plan against the plan it would replace, auto against
+#     segments. Which plans get confirmed is still the chain's choice (the solver's schedules,
+#     the joined frontier): a fake run per candidate takes minutes on a large model.
 
 
 # Note [why selective plans must win by a slack]
