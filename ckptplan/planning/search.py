@@ -4,11 +4,12 @@ for ``auto``, the plan of segments where a selective plan does not pay for itsel
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ckptplan.devices import Device, get_device
+from ckptplan.devices import Device, get_device, op_kind
 from ckptplan.errors import BelowLeastPeak
 from ckptplan.loading import Workload
 from ckptplan.options import Parallel
@@ -21,6 +22,7 @@ from ckptplan.solvers.chain import Chain, InfeasibleBudget, Schedule, simulate
 from ckptplan.solvers.selective import Combination, Selection, combinations
 from ckptplan.stepping.fakerun import compiled_fake_run, fake_run_peak
 from ckptplan.values.budget import ResolvedBudget
+from ckptplan.values.phase import Phase
 from ckptplan.values.plan import Plan
 from ckptplan.values.profile_types import Profile
 
@@ -91,6 +93,22 @@ class Search:
         """``plan``'s recompute time as the chain prices it (a confirmed compiled plan predicts
         its partition's)."""
         return self.chain_times.get(_key(plan), plan.predicted.recompute_time_s)
+
+    @functools.cached_property
+    def eager_seconds(self) -> float:
+        """The seconds of a compiled step that run outside its graphs, eagerly: the optimizer
+        step and the step's ends, priced without fusion (or as measured), which the step a
+        compiled plan's overhead is a fraction of includes."""
+        eager = replace(self.device, fused=False)
+        return sum(
+            op.time
+            if self.prof.settings.measure
+            else eager.op_time(
+                "random" if op.random else op_kind(op.op), op.flops, op.moved_bytes, op.half
+            )
+            for op in self.prof.ops
+            if Phase.parse(op.phase).direction is None
+        )
 
     @property
     def device(self) -> Device:
@@ -205,7 +223,7 @@ class Search:
             predicted = replace(
                 predicted,
                 recompute_time_s=partition["seconds"] - unchecked["seconds"],
-                step_time_s=unchecked["seconds"],
+                step_time_s=unchecked["seconds"] + self.eager_seconds,
                 compiled_partition={
                     **partition,
                     **{f"unchecked_{name}": unchecked[name] for name in UNCHECKED_FIGURES},
