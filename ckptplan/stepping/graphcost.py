@@ -24,16 +24,17 @@ Note [pricing the partition]
     pointwise value into every reader where inductor writes out one that several read
     (its ``realize_reads_threshold``).
 
-    ``benchmarks/compile.py`` (one CPU thread, 12 back-to-back pairs against the compiled
-    unchecked step, fake-run graphs priced on the reference CPU): HF ViT (12x192, 384px)
-    plans at compile's 0.3/0.5/0.7 points predicted +0.7/+1.8/+3.6%, measured
-    +0.2/+1.7/+1.5%; HF Llama (12x256, 256 tokens) +16.2/+6.7/+3.6% against
-    +14.3/+5.9/+0.7%. Node by node, with every value a kernel of its own, ViT read -7% (a
-    saved chain of norms and activations paid a read of each value back, and residual sums
-    inlined into every later layer's norm re-read the whole residual stream) and Llama
-    +15.3/+7.3/+4.5%. What is left: in a quiet run of the same plans Llama's planned forward
-    graphs ran 5% faster than the unchecked one at every budget, which the bytes do not show,
-    and this machine ran matmuls at 85 GFLOP/s where the reference CPU's figures say 148.
+    ``benchmarks/compile.py`` (one CPU thread, 24 back-to-back pairs against the compiled
+    unchecked step, one model at a time, fake-run graphs priced on the reference CPU): HF
+    Llama (12x256, 256 tokens) plans at compile's 0.3/0.5/0.7 points measured
+    +9.6/+4.1/+2.2% and are predicted +13.7/+5.6/+3.1%; HF ViT (12x192, 384px) plans measured
+    -0.4/+0.7/-1.2% and are predicted +0.7/+1.7/+3.2%: high, by 40% on Llama, and by 1-4
+    points where ViT's pairs span 2-5. Node by node, with every value a kernel of its own, ViT
+    read -7% (a saved chain of norms and activations paid a read of each value back, and
+    residual sums inlined into every later layer's norm re-read the whole residual stream).
+    What is left: recompute in backward reads values still in cache (ViT's 0.7 plan's fused
+    backward kernels took no longer than the unchecked step's, where the bytes add 18 ms), and
+    this machine ran matmuls at 85 GFLOP/s where the reference CPU's figures say 148.
     The search compares the plans it confirms by this price (Note [ranking compiled plans]
     in ``ckptplan.planning.search``).
 """
