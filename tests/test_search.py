@@ -32,6 +32,9 @@ class ScriptedSearch(Search):
     def _confirmed(self, plan: Any) -> tuple[Any, int]:
         return plan, plan.target + 10
 
+    def chain_time(self, plan: Any) -> float:
+        return float(plan.chain)
+
 
 def scripted(prices: dict[int, tuple[float, float]]) -> ScriptedSearch:
     unused: Any = None

@@ -9,20 +9,20 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ckptplan.devices import Device, get_device, op_kind
+from ckptplan.devices import Device, get_device
 from ckptplan.errors import BelowLeastPeak
 from ckptplan.loading import Workload
 from ckptplan.options import Parallel
 from ckptplan.planning.joined import fastest_fitting, joined_runs
 from ckptplan.planning.problem import selective_menus, to_chain
 from ckptplan.planning.schedule_plan import plan_from_schedule
+from ckptplan.profiling.costs import eager_seconds
 from ckptplan.progress import QUIET, Progress
 from ckptplan.solvers import SolverOptions, run_solver
 from ckptplan.solvers.chain import Chain, InfeasibleBudget, Schedule, simulate
 from ckptplan.solvers.selective import Combination, Selection, combinations
 from ckptplan.stepping.fakerun import compiled_fake_run, fake_run_peak
 from ckptplan.values.budget import ResolvedBudget
-from ckptplan.values.phase import Phase
 from ckptplan.values.plan import Plan
 from ckptplan.values.profile_types import Profile
 
@@ -96,19 +96,10 @@ class Search:
 
     @functools.cached_property
     def eager_seconds(self) -> float:
-        """The seconds of a compiled step that run outside its graphs, eagerly: the optimizer
-        step and the step's ends, priced without fusion (or as measured), which the step a
-        compiled plan's overhead is a fraction of includes."""
+        """The seconds of a compiled step that run eagerly outside its graphs (the optimizer
+        step), unfused: the step a compiled plan's overhead is a fraction of includes them."""
         eager = replace(self.device, fused=False)
-        return sum(
-            op.time
-            if self.prof.settings.measure
-            else eager.op_time(
-                "random" if op.random else op_kind(op.op), op.flops, op.moved_bytes, op.half
-            )
-            for op in self.prof.ops
-            if Phase.parse(op.phase).direction is None
-        )
+        return eager_seconds(self.prof.ops, eager, self.prof.settings.measure)
 
     @property
     def device(self) -> Device:

@@ -24,9 +24,10 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.module_tracker import ModuleTracker
 
-from ckptplan.devices import Device, op_kind
+from ckptplan.devices import Device, OpKind, op_kind
 from ckptplan.profiling.memtrack import real_storage_bytes
 from ckptplan.profiling.rnn import workspace_bytes
+from ckptplan.values.phase import Phase
 from ckptplan.values.profile_types import OpRecord
 
 
@@ -92,6 +93,24 @@ def _read_bytes(tensor: torch.Tensor) -> int:
         return nbytes
 
 
+def record_kind(op: str, random: bool) -> OpKind:
+    """The roofline class an op is priced in: random-number generation, or its own."""
+    return "random" if random else op_kind(op)
+
+
+def eager_seconds(ops: Sequence[OpRecord], device: Device, measured: bool) -> float:
+    """Seconds of the ``ops`` outside the forward and backward passes (the optimizer step and
+    the step's ends) on ``device``, or as ``measured``: a compiled step runs them eagerly,
+    outside its graphs."""
+    return sum(
+        op.time
+        if measured
+        else device.op_time(record_kind(op.op, op.random), op.flops, op.moved_bytes, op.half)
+        for op in ops
+        if Phase.parse(op.phase).direction is None
+    )
+
+
 def _is_random(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Draws random numbers: seeded ops, except attention called with ``dropout_p=0``."""
     if torch.Tag.nondeterministic_seeded not in func.tags:
@@ -151,7 +170,7 @@ class OpRecorder(TorchDispatchMode):
             for t in pytree.tree_leaves(out)
         )
         random = _is_random(func, args, kwargs)
-        kind = "random" if random else op_kind(str(func))
+        kind = record_kind(str(func), random)
         fresh: dict[int, torch.UntypedStorage] = {}
         fresh_bytes: dict[int, int] = {}
         for leaf in pytree.tree_leaves(out):

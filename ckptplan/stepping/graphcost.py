@@ -101,7 +101,7 @@ def scheduled_kernels(nodes: Sequence[Any]) -> tuple[Kernel, ...]:
         kind: OpKind = "memory"
         flops = 0.0
         if isinstance(node, ExternKernelSchedulerNode):
-            calls = [c for c in map(op_call, node.node.origins) if c is not None]
+            calls = [c for c in map(aten_call, node.node.origins) if c is not None]
             kinds = [op_kind(str(c.op)) for c in calls]
             kind = next((k for k in kinds if k != "memory"), "memory")
             flops = sum(c.flops() for c in calls)
@@ -118,7 +118,7 @@ def inferred_kernels(graph: torch.fx.Graph) -> list[Kernel]:
     for kernel in kernels(graph, away):
         half = any(t.dtype in (torch.float16, torch.bfloat16) for t in _outputs(kernel))
         written = sum(_bytes(t) for t in _outputs(kernel))
-        calls = [c for c in map(op_call, kernel) if c is not None]
+        calls = [c for c in map(aten_call, kernel) if c is not None]
         kind = op_kind(str(calls[0].op)) if len(kernel) == 1 and calls else "memory"
         flops = sum(c.flops() for c in calls)
         found.append(Kernel(kind, flops, written + _kernel_reads(kernel, away), half))
@@ -140,7 +140,7 @@ def kernels(graph: torch.fx.Graph, away: set[torch.fx.Node]) -> list[list[torch.
     [['aten.relu.default', 'aten.sum.default', 'aten.mul.Tensor'], ['aten.mm.default']]
     """
     written = [
-        n for n in graph.nodes if op_call(n) is not None and not is_view(n) and n not in away
+        n for n in graph.nodes if aten_call(n) is not None and not is_view(n) and n not in away
     ]
     library = {n: i for i, n in enumerate(n for n in written if not in_fused_kernel(n))}
     above = _library_reach(graph.nodes, library, lambda n: n.all_input_nodes)
@@ -196,7 +196,7 @@ def _library_reach(
 
 
 @dataclass(frozen=True)
-class OpCall:
+class AtenCall:
     """An aten op a graph node runs, with the values of its arguments and its output."""
 
     op: Any
@@ -208,7 +208,7 @@ class OpCall:
         return op_flops(self.op, self.args, self.kwargs, self.out)
 
 
-def op_call(node: torch.fx.Node) -> OpCall | None:
+def aten_call(node: torch.fx.Node) -> AtenCall | None:
     """The aten op ``node`` runs, None for a placeholder, an output or a getitem; for a
     wrapper that replays a random op's numbers, the op it wraps (Note [attention in a
     checkpointed region])."""
@@ -217,17 +217,17 @@ def op_call(node: torch.fx.Node) -> OpCall | None:
     args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), _value)
     out = _value(node)
     if hasattr(node.target, "_schema"):
-        return OpCall(node.target, args, kwargs, out)
+        return AtenCall(node.target, args, kwargs, out)
     if not isinstance(node.target, torch._ops.HigherOrderOperator):
         return None
     wrapper = node.target.name()
     if wrapper == "run_and_save_rng_state":  # (op, *args) -> (rng state, out)
-        call = OpCall(args[0], args[1:], kwargs, out[1] if isinstance(out, tuple) else None)
+        call = AtenCall(args[0], args[1:], kwargs, out[1] if isinstance(out, tuple) else None)
     elif wrapper == "run_with_rng_state":  # (rng state, op, *args) -> out
-        call = OpCall(args[1], args[2:], kwargs, out)
+        call = AtenCall(args[1], args[2:], kwargs, out)
     elif wrapper == "graphsafe_run_with_rng_state":  # (op, *args, rng_state=...) -> out
         rest = {k: v for k, v in kwargs.items() if k != "rng_state"}
-        call = OpCall(args[0], args[1:], rest, out)
+        call = AtenCall(args[0], args[1:], rest, out)
     else:
         return None
     return call if hasattr(call.op, "_schema") else None
