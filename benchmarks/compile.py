@@ -369,6 +369,7 @@ def run_model(path: Path, rounds: int, pairs: int) -> list[dict[str, Any]]:
         measure(workload, entry, inputs, want)
         entries.append(entry)
     compiles = {e.name: e.row["partition"].compiled_graphs for e in entries if "partition" in e.row}
+    print(f"{path.stem}: timing", flush=True)
     time_rounds(workload, entries, inputs, rounds)
     for entry in entries:
         if (
@@ -440,6 +441,7 @@ def main() -> None:
         # Read again: another run of this script, on other models, may have written since.
         results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
         results[path.stem] = rows
+        print(f"{path.stem}: written", flush=True)
         torch._dynamo.reset()
         RESULTS.write_text(json.dumps(results, indent=1) + "\n")
     plot(results, RESULTS.with_suffix(".png"))

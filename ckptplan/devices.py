@@ -148,6 +148,12 @@ class Device:
     fused: bool = False
     """Price the step as ``torch.compile`` runs it (see Note [pricing a compiled step])."""
 
+    cache_bytes: int = 0
+    """Bytes of on-chip cache a compiled kernel's reads are served from when they were written
+    or read that recently (Note [recompute reads from cache] in ``ckptplan.stepping.graphcost``)."""
+    cache_bandwidth: float = 0.0
+    """Bytes per second the cache serves them at."""
+
     def compiled(self) -> Device:
         """This device running a ``torch.compile``d step."""
         return replace(
@@ -164,8 +170,10 @@ class Device:
         deprecated("Device.selective_margin", "Device.selective_slack")
         return self.selective_slack
 
-    def op_time(self, kind: OpKind, flops: float, bytes_moved: float, half: bool) -> float:
-        """Seconds one op takes here.
+    def op_time(
+        self, kind: OpKind, flops: float, bytes_moved: float, half: bool, cached: float = 0.0
+    ) -> float:
+        """Seconds one op takes here; ``cached``: how many of its bytes the cache serves.
 
         >>> get_device("h100").op_time("matmul", 2 * 4096**3, 3 * 2 * 4096**2, half=True)
         0.000202...
@@ -178,7 +186,10 @@ class Device:
         stream = self.bandwidth * (share.random if kind == "random" else share.memory)
         if self.fused and kind == "memory":
             return bytes_moved / (2 * stream)
-        return share.launch + max(compute, bytes_moved / stream)
+        moving = bytes_moved / stream
+        if cached and kind != "random":  # a random kernel runs at its generator's rate
+            moving -= cached / stream - cached / (self.cache_bandwidth * share.memory)
+        return share.launch + max(compute, moving)
 
     @property
     def least_offload_bytes(self) -> float:
@@ -208,10 +219,12 @@ rate (no better fit)."""
 DEVICES = {
     d.name: d
     for d in (
-        Device("h100", 67e12, 989e12, 3.35e12, host_bandwidth=50e9),
-        Device("h200", 67e12, 989e12, 4.8e12, host_bandwidth=50e9),
+        Device(
+            "h100", 67e12, 989e12, 3.35e12, 50e9, cache_bytes=25 * 2**20, cache_bandwidth=6.7e12
+        ),
+        Device("h200", 67e12, 989e12, 4.8e12, 50e9, cache_bytes=25 * 2**20, cache_bandwidth=6.7e12),
         Device("b200", 80e12, 2250e12, 8.0e12, host_bandwidth=50e9),
-        Device("a100", 19.5e12, 312e12, 2.0e12, host_bandwidth=25e9),
+        Device("a100", 19.5e12, 312e12, 2.0e12, 25e9, cache_bytes=20 * 2**20, cache_bandwidth=4e12),
         Device("l4", 30e12, 121e12, 0.3e12, host_bandwidth=25e9),
         Device("rtx4090", 82.6e12, 165e12, 1.0e12, host_bandwidth=25e9),
         Device(
@@ -224,6 +237,8 @@ DEVICES = {
             selective_slack=0.03,
             margin_percent=0.1,
             allocation_block=1,
+            cache_bytes=64 * 2**20,
+            cache_bandwidth=2.1 * 9.7e9,
         ),
     )
 }

@@ -7,6 +7,7 @@ call of several outputs once."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -16,20 +17,21 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch._inductor.compile_fx import select_decomp_table
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from ckptplan.devices import get_device
+from ckptplan.devices import Device, get_device
 from ckptplan.stepping.compiled import CompiledModel
 from ckptplan.stepping.graphcost import graph_seconds, inferred_kernels
 from ckptplan.stepping.inductor_memory import GraphMemory, graph_memory
 
 CPU = get_device("cpu", compiled=True)
+UNCACHED = replace(CPU, cache_bytes=0)
 ROOFLINE = get_device("cpu")
 N = 64
 BYTES = N * N * 4
 
 
-def priced(fn, *shapes: tuple[int, ...]) -> float:
+def priced(fn, *shapes: tuple[int, ...], device: Device = CPU) -> float:
     graph = make_fx(fn, tracing_mode="fake")(*(torch.ones(s) for s in shapes))
-    return graph_seconds(graph, CPU)
+    return graph_seconds(graph, device)
 
 
 def memory(nbytes: int) -> float:
@@ -50,11 +52,27 @@ def test_a_fused_kernel_reads_each_input_once() -> None:
 
 def test_a_value_a_matmul_reads_is_written_and_read_back() -> None:
     fused = priced(lambda x, w: torch.relu(x).sum() + w.sum(), (N, N), (N, N))
-    unfused = priced(lambda x, w: (torch.relu(x) @ w).sum(), (N, N), (N, N))
+    unfused = priced(lambda x, w: (torch.relu(x) @ w).sum(), (N, N), (N, N), device=UNCACHED)
     matmul = ROOFLINE.op_time("matmul", 2.0 * N**3, 3 * BYTES, half=False)
     relu_written = memory(2 * BYTES)
     assert unfused == pytest.approx(relu_written + matmul + memory(BYTES + 4), rel=1e-12)
     assert unfused > fused
+
+
+def test_a_value_read_soon_after_it_is_written_comes_from_the_cache() -> None:
+    # relu's value and the matmul's are each read by the next kernel and die in the graph:
+    # written to and read from the cache. The inputs are read from memory, the sum written.
+    priced_here = priced(lambda x, w: (torch.relu(x) @ w).sum(), (N, N), (N, N))
+    relu = ROOFLINE.op_time("memory", 0.0, 2 * BYTES, half=False, cached=BYTES)
+    matmul = ROOFLINE.op_time("matmul", 2.0 * N**3, 3 * BYTES, half=False, cached=2 * BYTES)
+    total = ROOFLINE.op_time("memory", 0.0, BYTES + 4, half=False, cached=BYTES)
+    assert priced_here == pytest.approx(relu + matmul + total, rel=1e-12)
+    assert relu < memory(2 * BYTES), "the cache serves bytes faster than memory"
+    # A value the graph hands on (saved for backward) is written to memory, whoever reads it.
+    saved = priced(lambda x, w: (lambda y: (y, y @ w))(torch.relu(x)), (N, N), (N, N))
+    kept = ROOFLINE.op_time("memory", 0.0, 2 * BYTES, half=False)
+    out = ROOFLINE.op_time("matmul", 2.0 * N**3, 3 * BYTES, half=False, cached=BYTES)
+    assert saved == pytest.approx(kept + out, rel=1e-12)
 
 
 def test_views_cost_nothing() -> None:
