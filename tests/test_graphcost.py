@@ -19,7 +19,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from ckptplan.devices import Device, get_device
 from ckptplan.stepping.compiled import CompiledModel
-from ckptplan.stepping.graphcost import graph_seconds, inferred_kernels
+from ckptplan.stepping.graphcost import cached_bytes, graph_seconds, inferred_kernels
 from ckptplan.stepping.inductor_memory import GraphMemory, graph_memory
 
 CPU = get_device("cpu", compiled=True)
@@ -165,3 +165,44 @@ def test_attention_in_a_checkpointed_region_is_priced_at_its_flops(backward: boo
     assert forward_flops[0] > 0 and forward_flops[0] in [k.flops for k in attention]
     assert sorted(k.flops for k in inferred) == sorted(k.flops for k in attention)
     assert len(attention) == (2 if backward else 1)
+
+
+class CheckpointedChain(SavedChain):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.utils.checkpoint.checkpoint(super().forward, x, use_reentrant=False)
+
+
+def test_a_recomputed_chain_is_read_from_the_cache_and_a_saved_one_from_memory() -> None:
+    """Note [recompute reads from cache], on inductor's own kernels: backward reads what the
+    forward graph saved from memory, and what it recomputes from the cache."""
+    x = torch.randn(N, N, requires_grad=True)
+    saved, kept = forward_lowered(SavedChain(), x, backward=True)
+    rebuilt, recomputed = forward_lowered(CheckpointedChain(), x, backward=True)
+    for graph, memory in ((saved, kept), (rebuilt, recomputed)):
+        inputs = {n.name for n in graph.graph.find_nodes(op="placeholder")}
+        hits = cached_bytes(memory.kernels, CPU.cache_bytes)
+        # Everything here fits the cache: only a graph input's first read comes from memory,
+        # and only what the graph hands on (gradients) is written there.
+        seen: set[str] = set()
+        for kernel, hit in zip(memory.kernels, hits, strict=True):
+            first = {name for name, _ in kernel.reads if name in inputs - seen}
+            seen |= first
+            from_cache = sum(size for name, size in kernel.reads if name not in first)
+            from_cache += sum(size for name, size in kernel.writes if name not in kernel.kept)
+            assert hit == from_cache
+    read_back = sum(
+        size for k in kept.kernels for name, size in k.reads if name in saved_values(saved)
+    )
+    recomputed_reads = sum(
+        size for k in recomputed.kernels for name, size in k.reads if name in saved_values(rebuilt)
+    )
+    assert read_back > recomputed_reads, "the unchecked backward reads the chain's values back"
+    assert graph_seconds(rebuilt, CPU, recomputed.kernels) < graph_seconds(
+        rebuilt, UNCACHED, recomputed.kernels
+    )
+
+
+def saved_values(backward: torch.fx.GraphModule) -> set[str]:
+    """The placeholders of ``backward`` its forward graph saved (not incoming gradients)."""
+    placeholders = backward.graph.find_nodes(op="placeholder")
+    return {n.name for n in placeholders if not n.name.startswith("tangents")}
