@@ -25,16 +25,15 @@ Note [pricing the partition]
     (its ``realize_reads_threshold``).
 
     ``benchmarks/compile.py`` (one CPU thread, 24 back-to-back pairs against the compiled
-    unchecked step, one model at a time, fake-run graphs priced on the reference CPU): HF
-    Llama (12x256, 256 tokens) plans at compile's 0.3/0.5/0.7 points measured
-    +9.6/+4.1/+2.2% and are predicted +13.7/+5.6/+3.1%; HF ViT (12x192, 384px) plans measured
-    -0.4/+0.7/-1.2% and are predicted +0.7/+1.7/+3.2%: high, by 40% on Llama, and by 1-4
-    points where ViT's pairs span 2-5. Node by node, with every value a kernel of its own, ViT
-    read -7% (a saved chain of norms and activations paid a read of each value back, and
-    residual sums inlined into every later layer's norm re-read the whole residual stream).
-    What is left: recompute in backward reads values still in cache (ViT's 0.7 plan's fused
-    backward kernels took no longer than the unchecked step's, where the bytes add 18 ms), and
-    this machine ran matmuls at 85 GFLOP/s where the reference CPU's figures say 148.
+    unchecked step, one model at a time, fake-run graphs priced on the reference CPU, a
+    cache among them, Note [recompute reads from cache]): HF Llama (12x256, 256 tokens)
+    plans at compile's 0.3/0.5/0.7 points measured +12.6/+5.2/+1.5% and are predicted
+    +11.8/+4.6/+2.2%; HF ViT (12x192, 384px) plans measured -1.4/-0.1/-0.9% and are
+    predicted -0.2/+0.5/+1.0%, each within the pairs' quartiles but ViT's first and last (1.2
+    and 1.9 points off, where the quartiles span 1.8-2.7). Node by node, with every value a
+    kernel of its own, ViT read -7% (a saved chain of norms and activations paid a read of
+    each value back, and residual sums inlined into every later layer's norm re-read the
+    whole residual stream). Without the cache, on another machine, Llama's read 40% high.
     The search compares the plans it confirms by this price (Note [ranking compiled plans]
     in ``ckptplan.planning.search``).
 """
