@@ -216,15 +216,38 @@ streams at 9.7 GB/s, a random-number kernel fills it at 1.4 GB/s; the fit drove 
 call to zero (an op's own overhead is in its measured time), and left attention at the matmul
 rate (no better fit)."""
 
+# A GPU's cache is half its L2, Note [recompute reads from cache].
 DEVICES = {
     d.name: d
     for d in (
         Device(
-            "h100", 67e12, 989e12, 3.35e12, 50e9, cache_bytes=25 * 2**20, cache_bandwidth=6.7e12
+            "h100",
+            67e12,
+            989e12,
+            3.35e12,
+            host_bandwidth=50e9,
+            cache_bytes=25 * 2**20,
+            cache_bandwidth=6.7e12,
         ),
-        Device("h200", 67e12, 989e12, 4.8e12, 50e9, cache_bytes=25 * 2**20, cache_bandwidth=6.7e12),
+        Device(
+            "h200",
+            67e12,
+            989e12,
+            4.8e12,
+            host_bandwidth=50e9,
+            cache_bytes=25 * 2**20,
+            cache_bandwidth=6.7e12,
+        ),
         Device("b200", 80e12, 2250e12, 8.0e12, host_bandwidth=50e9),
-        Device("a100", 19.5e12, 312e12, 2.0e12, 25e9, cache_bytes=20 * 2**20, cache_bandwidth=4e12),
+        Device(
+            "a100",
+            19.5e12,
+            312e12,
+            2.0e12,
+            host_bandwidth=25e9,
+            cache_bytes=20 * 2**20,
+            cache_bandwidth=4e12,
+        ),
         Device("l4", 30e12, 121e12, 0.3e12, host_bandwidth=25e9),
         Device("rtx4090", 82.6e12, 165e12, 1.0e12, host_bandwidth=25e9),
         Device(
