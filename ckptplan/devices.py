@@ -188,7 +188,8 @@ class Device:
             return bytes_moved / (2 * stream)
         moving = bytes_moved / stream
         if cached and kind != "random":  # a random kernel runs at its generator's rate
-            moving -= cached / stream - cached / (self.cache_bandwidth * share.memory)
+            from_cache = self.cache_bandwidth * share.memory
+            moving = (bytes_moved - cached) / stream + cached / from_cache
         return share.launch + max(compute, moving)
 
     @property

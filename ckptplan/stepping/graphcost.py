@@ -19,10 +19,9 @@ Note [pricing the partition]
     loss recompiles the step at its second call); its overhead is that difference over the
     unchecked step, whose graphs are priced the same way and whose optimizer step, run
     eagerly outside them, from the profile (over the graphs alone, HF Llama's overheads
-    read 18% high). Where inductor cannot lower
-    a graph here, ``kernels`` groups its nodes as inductor's scheduler would, but inlines a
-    pointwise value into every reader where inductor writes out one that several read
-    (its ``realize_reads_threshold``).
+    read 18% high). Where inductor cannot lower a graph here, ``kernels`` groups its nodes as
+    inductor's scheduler would, but inlines a pointwise value into every reader where
+    inductor writes out one that several read (its ``realize_reads_threshold``).
 
     ``benchmarks/compile.py`` (one CPU thread, 24 back-to-back pairs against the compiled
     unchecked step, one model at a time, fake-run graphs priced on the reference CPU, a
