@@ -9,6 +9,13 @@ and read in backward). Bandwidth counts the bytes read and written, as the roofl
 cache size is the largest buffer whose hot reads still run at least 1.5 times the cold
 ones, counting both buffers.
 
+Then the same for library calls: one thread times the matmuls of a linear layer's forward and
+backward at the shapes of the HF Llama and ViT benchmark models, with every operand just
+written and with every operand in memory. A GEMM on the CPU packs its operands into blocks
+before it multiplies them, in a pass of its own, so what the cold call adds is not hidden
+behind its FLOPs: the stall is that extra time as a share of the cold bytes' time at the
+cold bandwidth measured above.
+
     python benchmarks/cache_reuse.py
 
 Copy the figures into ``ckptplan/devices.py`` by hand, as ``calibrate_cpu.py``'s. Writes
@@ -46,6 +53,39 @@ def bandwidth(mib: float, hot: bool) -> float:
     return 2 * x.numel() * 4 / statistics.median(seconds)
 
 
+# (rows, inner, outer): a linear layer over ``rows`` tokens from ``inner`` to ``outer`` features.
+LINEARS = {
+    "llama mlp": (1024, 256, 688),
+    "llama attention": (1024, 256, 256),
+    "vit mlp": (1154, 192, 768),
+}
+
+
+def stall(rows: int, inner: int, outer: int, cold_bandwidth: float) -> list[float]:
+    """Per matmul of a linear layer (forward, input gradient, weight gradient), its cold
+    call's extra seconds over its hot call's, as a share of its bytes' time at
+    ``cold_bandwidth``."""
+    x, w, dy = torch.randn(rows, inner), torch.randn(outer, inner), torch.randn(rows, outer)
+    flush = torch.empty(64 * 2**20)
+    shares = []
+    for a, b in ((x, w.t()), (dy, w), (dy.t(), x)):
+        moved = (a.numel() + b.numel() + a.shape[0] * b.shape[1]) * 4
+        seconds = {}
+        for hot in (True, False):
+            times = []
+            for _ in range(REPEATS):
+                if hot:
+                    a.mul_(1.0), b.mul_(1.0)
+                else:
+                    flush.add_(1.0)
+                start = time.perf_counter()
+                torch.mm(a, b)
+                times.append(time.perf_counter() - start)
+            seconds[hot] = statistics.median(times)
+        shares.append((seconds[False] - seconds[True]) * cold_bandwidth / moved)
+    return shares
+
+
 def main() -> None:
     torch.set_num_threads(1)
     rows = [
@@ -58,16 +98,25 @@ def main() -> None:
         "cache_bandwidth": statistics.median(r["hot"] for r in cached) if cached else 0.0,
         "memory_bandwidth": statistics.median(r["cold"] for r in rows if r["mib"] >= 8),
     }
+    stalls = {name: stall(*shape, figures["memory_bandwidth"]) for name, shape in LINEARS.items()}
+    figures["library_stall"] = statistics.median(s for shares in stalls.values() for s in shares)
     for r in rows:
         print(f"{r['mib']:5g} MiB  hot {r['hot'] / 1e9:5.1f} GB/s  cold {r['cold'] / 1e9:5.1f}")
     print(
         {
-            k: round(v / 2**20) if k == "cache_bytes" else f"{v / 1e9:.1f} GB/s"
+            k: round(v / 2**20)
+            if k == "cache_bytes"
+            else f"{v:.2f}"
+            if k == "library_stall"
+            else f"{v / 1e9:.1f} GB/s"
             for k, v in figures.items()
         }
     )
     RESULTS.write_text(
-        json.dumps({"figures": figures, "sizes": rows, "threads": 1}, indent=1) + "\n"
+        json.dumps(
+            {"figures": figures, "sizes": rows, "library_stalls": stalls, "threads": 1}, indent=1
+        )
+        + "\n"
     )
 
 

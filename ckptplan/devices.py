@@ -108,6 +108,11 @@ class Efficiency:
     copy: float = 10e-6
     """Seconds each copy to or from host memory costs beyond its bytes' time over the link
     (Note [when offload pays])."""
+    stall: float = 0.0
+    """Share of a library call's bytes from memory (not the cache) whose time its FLOPs do not
+    hide, where a compiled graph's cache is modelled (Note [recompute reads from cache] in
+    ``ckptplan.stepping.graphcost``): a CPU GEMM packs its operands in a pass of its own. 0
+    on GPUs, whose GEMMs stream operands while they multiply, until measured."""
 
 
 @dataclass(frozen=True)
@@ -171,12 +176,24 @@ class Device:
         return self.selective_slack
 
     def op_time(
-        self, kind: OpKind, flops: float, bytes_moved: float, half: bool, cached: float = 0.0
+        self,
+        kind: OpKind,
+        flops: float,
+        bytes_moved: float,
+        half: bool,
+        cached: float | None = None,
     ) -> float:
-        """Seconds one op takes here; ``cached``: how many of its bytes the cache serves.
+        """Seconds one op takes here; ``cached``: how many of its bytes the cache serves, None
+        where that is not known (an eager op, whose fitted rates absorb the cache). Where it is
+        known, a library call also pays ``efficiency.stall`` of its other bytes' time on top of
+        its FLOPs.
 
         >>> get_device("h100").op_time("matmul", 2 * 4096**3, 3 * 2 * 4096**2, half=True)
         0.000202...
+        >>> cpu, flops, moved = get_device("cpu"), 2 * 1024**3, 3 * 4 * 1024**2
+        >>> [round(cpu.op_time("matmul", flops, moved, False, hit) * 1e3, 2)
+        ...  for hit in (None, moved, 0)]  # eager, operands just written, all from memory
+        [14.51, 14.51, 15.81]
         """
         share = self.efficiency
         compute = 0.0
@@ -190,6 +207,8 @@ class Device:
         if cached and kind != "random":  # a random kernel runs at its generator's rate
             from_cache = self.cache_bandwidth * share.memory
             moving = (bytes_moved - cached) / stream + cached / from_cache
+        if cached is not None and kind in ("matmul", "attention"):
+            compute += share.stall * (bytes_moved - cached) / stream
         return share.launch + max(compute, moving)
 
     @property
@@ -211,11 +230,15 @@ class Device:
         return 2 * (self.efficiency.copy + nbytes / self.host_bandwidth)
 
 
-CPU_EFFICIENCY = Efficiency(matmul=1.0, attention=1.0, memory=1.0, random=0.146, launch=0.0)
+CPU_EFFICIENCY = Efficiency(
+    matmul=1.0, attention=1.0, memory=1.0, random=0.146, launch=0.0, stall=1.0
+)
 """The reference CPU's figures are fitted achieved rates already (see the note above): memory
 streams at 9.7 GB/s, a random-number kernel fills it at 1.4 GB/s; the fit drove the cost per op
 call to zero (an op's own overhead is in its measured time), and left attention at the matmul
-rate (no better fit)."""
+rate (no better fit). Where a compiled graph's cache is modelled, a library call's bytes from
+memory stall it for their whole time: ``benchmarks/cache_reuse.py`` measured 1.0-1.4 times
+(medians of three runs) on the linear layers of the HF Llama and ViT benchmark models."""
 
 # A GPU's cache is half its L2, Note [recompute reads from cache].
 DEVICES = {

@@ -53,7 +53,7 @@ def test_a_fused_kernel_reads_each_input_once() -> None:
 def test_a_value_a_matmul_reads_is_written_and_read_back() -> None:
     fused = priced(lambda x, w: torch.relu(x).sum() + w.sum(), (N, N), (N, N))
     unfused = priced(lambda x, w: (torch.relu(x) @ w).sum(), (N, N), (N, N), device=UNCACHED)
-    matmul = ROOFLINE.op_time("matmul", 2.0 * N**3, 3 * BYTES, half=False)
+    matmul = ROOFLINE.op_time("matmul", 2.0 * N**3, 3 * BYTES, half=False, cached=0)
     relu_written = memory(2 * BYTES)
     assert unfused == pytest.approx(relu_written + matmul + memory(BYTES + 4), rel=1e-12)
     assert unfused > fused
@@ -73,6 +73,23 @@ def test_a_value_read_soon_after_it_is_written_comes_from_the_cache() -> None:
     kept = ROOFLINE.op_time("memory", 0.0, 2 * BYTES, half=False)
     out = ROOFLINE.op_time("matmul", 2.0 * N**3, 3 * BYTES, half=False, cached=BYTES)
     assert saved == pytest.approx(kept + out, rel=1e-12)
+
+
+def test_a_library_call_pays_for_its_bytes_from_memory_on_top_of_its_flops() -> None:
+    # On the CPU a GEMM packs its operands before it multiplies them: what it reads from
+    # memory, and writes there, is not hidden behind its FLOPs; what the cache serves is.
+    M = 256  # a compute-bound matmul
+    hidden = replace(CPU, efficiency=replace(CPU.efficiency, stall=0.0))
+    saved_operand = priced(lambda x, w: x @ w, (M, M), (M, M))
+    assert saved_operand - priced(lambda x, w: x @ w, (M, M), (M, M), device=hidden) == (
+        pytest.approx(3 * M * M * 4 / CPU.bandwidth, rel=1e-9)
+    )
+    # relu's value is just written: only w and the graph's output move from and to memory.
+    recomputed_operand = priced(lambda x, w: torch.relu(x) @ w, (M, M), (M, M))
+    stalled = recomputed_operand - priced(
+        lambda x, w: torch.relu(x) @ w, (M, M), (M, M), device=hidden
+    )
+    assert stalled == pytest.approx(2 * M * M * 4 / CPU.bandwidth, rel=1e-9)
 
 
 def test_views_cost_nothing() -> None:
