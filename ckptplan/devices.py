@@ -20,7 +20,8 @@ Note [where the CPU figures come from]
     Fitted, not quoted: ``benchmarks/calibrate_cpu.py`` times every op of the sample models'
     steps on this project's 2-core reference machine (one thread) and fits the four figures to
     the measured times; its result is in ``benchmarks/results/cpu_calibration.json``. The
-    half-precision rate is not fitted (the samples train in fp32): half the fp32 rate. What a
+    half-precision rate is not fitted (the samples train in fp32): half the fp32 rate. Nor is
+    attention's, which no sample calls: ``benchmarks/attention_rate.py`` measures it apart. What a
     plan's overhead depends on is the ratio of recomputed to total time, which a faster or
     slower CPU of the same kind scales alike. ``--measure`` times the ops on the machine itself.
 

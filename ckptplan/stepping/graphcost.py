@@ -11,32 +11,34 @@ Note [pricing the partition]
     while a saved value costs a write in forward and a read in backward. So each graph the
     fake run's partition made is priced as inductor runs it: the kernels its scheduler made
     of the graph (``graph_memory`` lowers it anyway, for its memory), each library call at
-    the FLOPs of the nodes it came from and each kernel at the bytes inductor counts for its
-    buffers, on the device's own roofline (the chain halves a pointwise op's traffic for
-    fusion it cannot see, Note [pricing a compiled step], which here would count fusion
-    twice). A plan's predicted recompute time is its graphs' time less the unchecked step's,
-    which can be below zero, and only graphs the measured step runs count (transformers'
-    loss recompiles the step at its second call); its overhead is that difference over the
-    unchecked step, whose graphs are priced the same way and whose optimizer step, run
-    eagerly outside them, from the profile (over the graphs alone, HF Llama's overheads
-    read 18% high). Where inductor cannot lower a graph here, ``kernels`` groups its nodes as
-    inductor's scheduler would, but inlines a pointwise value into every reader where
-    inductor writes out one that several read (its ``realize_reads_threshold``).
+    the FLOPs of the nodes it came from (and, on the CPU, the time of the bytes it moves from
+    memory rather than the cache: Note [recompute reads from cache]) and each kernel at the
+    bytes inductor counts for its buffers, on the device's own roofline (the chain halves a
+    pointwise op's traffic for fusion it cannot see, Note [pricing a compiled step], which
+    here would count fusion twice). A plan's predicted recompute time is its graphs' time
+    less the unchecked step's, which can be below zero, and only graphs the measured step
+    runs count (transformers' loss recompiles the step at its second call); its overhead is
+    that difference over the unchecked step, whose graphs are priced the same way and whose
+    optimizer step, run eagerly outside them, from the profile (over the graphs alone, HF
+    Llama's overheads read 18% high). Where inductor cannot lower a graph here, ``kernels``
+    groups its nodes as inductor's scheduler would, but inlines a pointwise value into every
+    reader where inductor writes out one that several read (its ``realize_reads_threshold``).
 
     ``benchmarks/compile.py`` (one CPU thread, 24 back-to-back pairs against the compiled
-    unchecked step, one model at a time, fake-run graphs priced on the reference CPU, a
-    cache among them, Note [recompute reads from cache]): HF Llama (12x256, 256 tokens)
-    plans at compile's 0.3/0.5/0.7 points measured +12.6/+5.2/+1.5% and are predicted
-    +11.8/+4.6/+2.2%; HF ViT (12x192, 384px) plans measured -1.4/-0.1/-0.9% and are
-    predicted -0.2/+0.5/+1.0%, each within the pairs' quartiles but ViT's first and last (1.2
-    and 1.9 points off, where the quartiles span 1.8-2.7). Node by node, with every value a
-    kernel of its own, ViT read -7% (a saved chain of norms and activations paid a read of
+    unchecked step, one model at a time, fake-run graphs priced on the reference CPU, the
+    cache and the library calls' stall among them, Note [recompute reads from cache]): HF
+    Llama (12x256, 256 tokens) plans at compile's 0.3/0.5/0.7 points measured +11.4/+5.7/+2.3%
+    and are predicted +9.0/+2.9/+0.9%; HF ViT (12x192, 384px) plans measured -1.0/-1.3/-1.4%
+    and are predicted -1.1/-0.8/-0.3%. The same ViT plans measured -1.5/-0.8/-1.9% in the run
+    before: at these sizes a plan's measured overhead moves half a point from run to run.
+    Before the stall, ViT's read +1.0% where it measured -0.9%. Node by node, with every value
+    a kernel of its own, ViT read -7% (a saved chain of norms and activations paid a read of
     each value back, and residual sums inlined into every later layer's norm re-read the
     whole residual stream). Without the cache, on another machine, Llama's read 40% high.
-    What is left is in the library calls: in ViT's 0.7 plan (a kernel profile) its matmuls
-    and attention ran 17 ms faster than the unchecked step's at the same FLOPs, and its
-    fused kernels 10 ms faster where they are priced 4 ms slower; a library call priced at
-    max(FLOPs, bytes) cannot slow down for inputs read cold from memory.
+    What is left: Llama's plans read 1.4-2.8 points low; a kernel profile of its 0.5 plan
+    matches the priced recompute class by class within 3 ms (matmuls +29 ms, fused kernels
+    0), but its real step ran two more attention calls than the fake run's partition
+    (+3 ms) and 2 ms more of eager fills and scalars, which no graph prices.
     The search compares the plans it confirms by this price (Note [ranking compiled plans]
     in ``ckptplan.planning.search``).
 """
@@ -268,6 +270,20 @@ def _library_reach(
 #     it close. Its recomputed matmuls measured +60 ms, priced +88 (this machine's 168 GFLOP/s
 #     against the reference's 148 explains 10 ms), and its recomputed attention +35 ms, priced
 #     +18 (the CPU's attention forward runs at half the matmul rate, its backward at it).
+#
+#     A library call gains from the cache too, which max(FLOPs, bytes) cannot show: a
+#     compute-bound matmul cost the same whatever it read. On the CPU a GEMM packs its
+#     operands into blocks in a pass of its own before it multiplies them, so the time of the
+#     bytes it moves from memory adds to its FLOPs' time, while those the cache serves hide
+#     (``Efficiency.stall``). ``cache_reuse.py`` times the matmuls of the HF benchmark models'
+#     linear layers (forward and both gradients) with every operand just written and with
+#     every operand in memory: the cold call adds 1.0-1.4 times its bytes' time at the cold
+#     bandwidth (the median of nine matmuls, in three runs), so the CPU's stall is 1.0. Kernel
+#     profiles had shown the effect without it: HF ViT's 0.7 plan reads 64 MB less from
+#     memory in its matmuls than the unchecked step and they ran 12 ms faster at 1 ms more
+#     FLOPs; the Llama plan's recomputed matmuls read 94 MB less and ran 18 ms under their
+#     FLOPs' price (the stall now takes 10 ms off it). Neither was used to set the figure.
+#     A GPU's GEMMs stream their operands while they multiply: no stall until measured.
 
 
 # Note [one kernel per fused group]
