@@ -83,16 +83,17 @@ def attention_rates(
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
     grad = torch.randn(batch, heads, tokens, size)
-    counted = {}
-    for phase in ("forward", "backward"):
+    with AttentionFlops() as forward_flops:
         out = forward()
-        with AttentionFlops() as mode:
-            out = forward() if phase == "forward" else out.backward(grad)
-        counted[phase] = mode.flops
+    with AttentionFlops() as backward_flops:
+        out.backward(grad)
     forward_s = median_seconds(forward)
     outputs = [forward() for _ in range(REPEATS)]
     backward_s = median_seconds(lambda: outputs.pop().backward(grad))
-    return {"forward": counted["forward"] / forward_s, "backward": counted["backward"] / backward_s}
+    return {
+        "forward": forward_flops.flops / forward_s,
+        "backward": backward_flops.flops / backward_s,
+    }
 
 
 def main() -> None:

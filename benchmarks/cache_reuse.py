@@ -75,7 +75,8 @@ def stall(rows: int, inner: int, outer: int, cold_bandwidth: float) -> list[floa
             times = []
             for _ in range(REPEATS):
                 if hot:
-                    a.mul_(1.0), b.mul_(1.0)
+                    a.mul_(1.0)
+                    b.mul_(1.0)
                 else:
                     flush.add_(1.0)
                 start = time.perf_counter()

@@ -78,18 +78,18 @@ def test_a_value_read_soon_after_it_is_written_comes_from_the_cache() -> None:
 def test_a_library_call_pays_for_its_bytes_from_memory_on_top_of_its_flops() -> None:
     # On the CPU a GEMM packs its operands before it multiplies them: what it reads from
     # memory, and writes there, is not hidden behind its FLOPs; what the cache serves is.
-    M = 256  # a compute-bound matmul
+    n = 256  # a compute-bound matmul
     hidden = replace(CPU, efficiency=replace(CPU.efficiency, stall=0.0))
-    saved_operand = priced(lambda x, w: x @ w, (M, M), (M, M))
-    assert saved_operand - priced(lambda x, w: x @ w, (M, M), (M, M), device=hidden) == (
-        pytest.approx(3 * M * M * 4 / CPU.bandwidth, rel=1e-9)
+    saved_operand = priced(lambda x, w: x @ w, (n, n), (n, n))
+    assert saved_operand - priced(lambda x, w: x @ w, (n, n), (n, n), device=hidden) == (
+        pytest.approx(3 * n * n * 4 / CPU.bandwidth, rel=1e-9)
     )
     # relu's value is just written: only w and the graph's output move from and to memory.
-    recomputed_operand = priced(lambda x, w: torch.relu(x) @ w, (M, M), (M, M))
+    recomputed_operand = priced(lambda x, w: torch.relu(x) @ w, (n, n), (n, n))
     stalled = recomputed_operand - priced(
-        lambda x, w: torch.relu(x) @ w, (M, M), (M, M), device=hidden
+        lambda x, w: torch.relu(x) @ w, (n, n), (n, n), device=hidden
     )
-    assert stalled == pytest.approx(2 * M * M * 4 / CPU.bandwidth, rel=1e-9)
+    assert stalled == pytest.approx(2 * n * n * 4 / CPU.bandwidth, rel=1e-9)
 
 
 def test_views_cost_nothing() -> None:

@@ -269,7 +269,7 @@ def _library_reach(
 #     a value's write and its read is tens of MiB, past this cache, while the machine keeps
 #     it close. Its recomputed matmuls measured +60 ms, priced +88 (this machine's 168 GFLOP/s
 #     against the reference's 148 explains 10 ms), and its recomputed attention +35 ms, priced
-#     +18 (the CPU's attention forward runs at half the matmul rate, its backward at it).
+#     +18 at the matmul rate (the CPU's attention runs at 0.7 of it: ``attention_rate.py``).
 #
 #     A library call gains from the cache too, which max(FLOPs, bytes) cannot show: a
 #     compute-bound matmul cost the same whatever it read. On the CPU a GEMM packs its
