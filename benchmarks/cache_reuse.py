@@ -104,14 +104,10 @@ def main() -> None:
     for r in rows:
         print(f"{r['mib']:5g} MiB  hot {r['hot'] / 1e9:5.1f} GB/s  cold {r['cold'] / 1e9:5.1f}")
     print(
-        {
-            k: round(v / 2**20)
-            if k == "cache_bytes"
-            else f"{v:.2f}"
-            if k == "library_stall"
-            else f"{v / 1e9:.1f} GB/s"
-            for k, v in figures.items()
-        }
+        f"cache {figures['cache_bytes'] / 2**20:.0f} MiB at "
+        f"{figures['cache_bandwidth'] / 1e9:.1f} GB/s, memory "
+        f"{figures['memory_bandwidth'] / 1e9:.1f} GB/s, library stall "
+        f"{figures['library_stall']:.2f}"
     )
     RESULTS.write_text(
         json.dumps(
