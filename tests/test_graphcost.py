@@ -18,9 +18,11 @@ from torch._inductor.compile_fx import select_decomp_table
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ckptplan.devices import Device, get_device
+from ckptplan.profiling.costs import eager_seconds
 from ckptplan.stepping.compiled import CompiledModel
 from ckptplan.stepping.graphcost import cached_bytes, graph_seconds, inferred_kernels
 from ckptplan.stepping.inductor_memory import GraphMemory, graph_memory
+from ckptplan.values.profile_types import OpRecord
 
 CPU = get_device("cpu", compiled=True)
 UNCACHED = replace(CPU, cache_bytes=0)
@@ -90,6 +92,26 @@ def test_a_library_call_pays_for_its_bytes_from_memory_on_top_of_its_flops() -> 
         lambda x, w: torch.relu(x) @ w, (n, n), (n, n), device=hidden
     )
     assert stalled == pytest.approx(2 * n * n * 4 / CPU.bandwidth, rel=1e-9)
+
+
+def optimizer_op(moved: int, phase: str = "opt") -> OpRecord:
+    return OpRecord(
+        "aten.add_.Tensor", phase, "", False, 0, 0, 0.0, 0.0, False, True, moved_bytes=moved
+    )
+
+
+def test_an_optimizer_step_over_parameters_the_cache_holds_runs_from_it() -> None:
+    # AdamW's ops reread one parameter's few tensors; a foreach op moves all of them at once.
+    eager = replace(CPU, fused=False)
+    parameter = CPU.cache_bytes // 4
+    per_parameter = [optimizer_op(parameter) for _ in range(16)]
+    foreach = [optimizer_op(16 * parameter)]
+    from_memory = 16 * parameter / CPU.bandwidth
+    assert eager_seconds(foreach, eager, measured=False) == pytest.approx(from_memory)
+    assert eager_seconds(per_parameter, eager, measured=False) == pytest.approx(
+        from_memory * CPU.bandwidth / CPU.cache_bandwidth
+    )
+    assert eager_seconds([optimizer_op(parameter, "fwd:0")], eager, measured=False) == 0
 
 
 def test_views_cost_nothing() -> None:
