@@ -19,26 +19,30 @@ Note [pricing the partition]
     less the unchecked step's, which can be below zero, and only graphs the measured step
     runs count (transformers' loss recompiles the step at its second call); its overhead is
     that difference over the unchecked step, whose graphs are priced the same way and whose
-    optimizer step, run eagerly outside them, from the profile (over the graphs alone, HF
-    Llama's overheads read 18% high). Where inductor cannot lower a graph here, ``kernels``
-    groups its nodes as inductor's scheduler would, but inlines a pointwise value into every
-    reader where inductor writes out one that several read (its ``realize_reads_threshold``).
+    optimizer step, run eagerly outside them, from the profile (Note [the optimizer step runs
+    from cache] in ``ckptplan.profiling.costs``). Where inductor cannot lower a graph here,
+    ``kernels`` groups its nodes as inductor's scheduler would, but inlines a pointwise value
+    into every reader where inductor writes out one that several read (its
+    ``realize_reads_threshold``).
 
     ``benchmarks/compile.py`` (one CPU thread, 24 back-to-back pairs against the compiled
-    unchecked step, one model at a time, fake-run graphs priced on the reference CPU, the
-    cache and the library calls' stall among them, Note [recompute reads from cache]): HF
-    Llama (12x256, 256 tokens) plans at compile's 0.3/0.5/0.7 points measured +11.4/+5.7/+2.3%
-    and are predicted +9.0/+2.9/+0.9%; HF ViT (12x192, 384px) plans measured -1.0/-1.3/-1.4%
-    and are predicted -1.1/-0.8/-0.3%. The same ViT plans measured -1.5/-0.8/-1.9% in the run
-    before: at these sizes a plan's measured overhead moves half a point from run to run.
-    Before the stall, ViT's read +1.0% where it measured -0.9%. Node by node, with every value
-    a kernel of its own, ViT read -7% (a saved chain of norms and activations paid a read of
-    each value back, and residual sums inlined into every later layer's norm re-read the
-    whole residual stream). Without the cache, on another machine, Llama's read 40% high.
-    What is left: Llama's plans read 1.4-2.8 points low; a kernel profile of its 0.5 plan
-    matches the priced recompute class by class within 3 ms (matmuls +29 ms, fused kernels
-    0), but its real step ran two more attention calls than the fake run's partition
-    (+3 ms) and 2 ms more of eager fills and scalars, which no graph prices.
+    unchecked step, one model at a time, freed memory kept by malloc, fake-run graphs priced
+    on the reference CPU, the cache and the library calls' stall among them, Note [recompute
+    reads from cache]): HF Llama (12x256, 256 tokens) plans at compile's 0.3/0.5/0.7 points
+    measured +10.7/+5.5/+2.3% and are predicted +9.8/+3.2/+1.0%; HF ViT (12x192, 384px) plans
+    measured -1.3/-0.7/-0.2% and are predicted -1.2/-0.8/-0.3%. The same ViT plans measured
+    -1.0/-1.3/-1.4% in an earlier run: at these sizes a plan's measured overhead moves half a
+    point from run to run. Before the stall, ViT's read +1.0% where it measured -0.9%. Node by
+    node, with every value a kernel of its own, ViT read -7% (a saved chain of norms and
+    activations paid a read of each value back, and residual sums inlined into every later
+    layer's norm re-read the whole residual stream). Without the cache, on another machine,
+    Llama's read 40% high. What is left: Llama's 0.5 and 0.7 plans read 2.3 and 1.3 points
+    low. Timed apart on a quiet machine, the 0.5 plan's forward saves 6.0 ms (priced 7.2) and
+    its backward adds 36.0 ms (priced 31.2): the recompute itself runs 15% over its price,
+    though the unchecked graphs run 8% under theirs. Its attention calls are as many as the
+    unchecked step's (inductor's kernels around attention carry its name in a profile). The
+    reference CPU's memory and cache are 1.3 and 1.4 times slower than the benchmark
+    machine's (``benchmarks/cache_reuse.py``); at the machine's own, the 0.5 plan reads +3.7%.
     The search compares the plans it confirms by this price (Note [ranking compiled plans]
     in ``ckptplan.planning.search``).
 """
