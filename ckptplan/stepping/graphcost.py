@@ -94,31 +94,39 @@ def graph_seconds(
     >>> graph_seconds(graph, cpu) > cpu.op_time("matmul", 2 * 64**3, 0, half=False)
     True
     """
+    kernels = inferred_kernels(graph.graph) if lowered is None else lowered
+    return sum(kernel_seconds(kernels, device))
+
+
+def kernel_seconds(kernels: Sequence[Kernel], device: Device) -> list[float]:
+    """The seconds of each of a graph's ``kernels``, in order, on ``device``'s roofline, the
+    cache serving what ``cached_bytes`` says it does (``benchmarks/kernel_prices.py`` times
+    them one by one where they run)."""
     roofline = replace(device, fused=False)  # fusion is modelled here, kernel by kernel
-    if lowered is None:
-        lowered = inferred_kernels(graph.graph)
-    cached = cached_bytes(lowered, device.cache_bytes)
-    return sum(
+    cached = cached_bytes(kernels, device.cache_bytes)
+    return [
         roofline.op_time(k.kind, k.flops, k.moved, k.half, min(hit, k.moved))
-        for k, hit in zip(lowered, cached, strict=True)
-    )
+        for k, hit in zip(kernels, cached, strict=True)
+    ]
 
 
 def cached_bytes(kernels: Sequence[Kernel], cache: int) -> list[int]:
     """Per kernel, the bytes it moves that a cache of ``cache`` bytes serves (Note [recompute
     reads from cache]): a read of a buffer touched (written or read) by a kernel fewer than
-    ``cache`` bytes of traffic before, and the write of a buffer that no kernel reads from
-    further away and that dies with the graph.
+    ``cache`` bytes of traffic before, and a library call's write of a buffer that no kernel
+    reads from further away and that dies with the graph. A pointwise kernel's writes always
+    reach memory (Note [a written line goes back to memory]).
 
-    >>> def pointwise(reads, writes, kept=()):
+    >>> def kernel(kind, reads, writes, kept=()):
     ...     moved = sum(b for _, b in reads + writes)
-    ...     return Kernel("memory", 0, moved, False, reads, writes, frozenset(kept))
-    >>> norm = pointwise((("x", 4),), (("y", 4),))
-    >>> saved = pointwise((("x", 4),), (("z", 4),), kept=("z",))
-    >>> cached_bytes([norm, pointwise((("y", 4),), (("g", 4),), kept=("g",))], cache=16)
-    [4, 4]
-    >>> cached_bytes([saved], cache=16), cached_bytes([norm, norm], cache=0)
-    ([0], [0, 0])
+    ...     return Kernel(kind, 0, moved, False, reads, writes, frozenset(kept))
+    >>> norm = kernel("memory", (("x", 4),), (("y", 4),))
+    >>> matmul = kernel("matmul", (("x", 4),), (("y", 4),))
+    >>> grad = kernel("memory", (("y", 4),), (("g", 4),), kept=("g",))
+    >>> cached_bytes([norm, grad], cache=16), cached_bytes([matmul, grad], cache=16)
+    ([0, 4], [4, 4])
+    >>> cached_bytes([norm, norm], cache=0)
+    [0, 0]
     """
     hits = [0] * len(kernels)
     touched: dict[str, int] = {}  # buffer -> the traffic up to its last touch
@@ -136,7 +144,7 @@ def cached_bytes(kernels: Sequence[Kernel], cache: int) -> list[int]:
             touched[name] = traffic
         for name, size in kernel.writes:
             touched[name] = traffic
-            if name not in kernel.kept and size <= cache:
+            if kernel.kind != "memory" and name not in kernel.kept and size <= cache:
                 written[name] = (i, size)
     for name, (writer, size) in written.items():
         if name not in far:
@@ -259,9 +267,10 @@ def _library_reach(
 #     graph later; a value recomputed in backward is written and read by the next kernels,
 #     while it is still in the cache, and dies there. So the roofline prices a kernel's read
 #     at the cache's bandwidth where the buffer was written or read less than the cache's
-#     size of traffic before (its bytes included), and its write so too where the value dies
-#     in the graph and no kernel reads it from further away; a graph's inputs and outputs
-#     (saved values, gradients) move at memory's. ``benchmarks/cache_reuse.py`` measures the
+#     size of traffic before (its bytes included), and a library call's write so too where
+#     the value dies in the graph and no kernel reads it from further away; a pointwise
+#     kernel's writes (Note [a written line goes back to memory]) and a graph's inputs and
+#     outputs (saved values, gradients) move at memory's. ``benchmarks/cache_reuse.py`` measures the
 #     CPU's figures on one thread: a buffer just written read 2.1 times as fast as a cold one
 #     up to 32 MiB (64 MiB counting the buffer written), so the CPU's cache is 64 MiB at 2.1
 #     times its fitted bandwidth. For GPUs, from vendors' and microbenchmark figures: half the
@@ -288,6 +297,19 @@ def _library_reach(
 #     FLOPs; the Llama plan's recomputed matmuls read 94 MB less and ran 18 ms under their
 #     FLOPs' price (the stall now takes 10 ms off it). Neither was used to set the figure.
 #     A GPU's GEMMs stream their operands while they multiply: no stall until measured.
+
+
+# Note [a written line goes back to memory]
+#     A cache holds lines, not values: a line a kernel wrote is written back to memory when
+#     it is evicted, whether or not a later kernel read it from the cache first and the value
+#     died since. A pointwise kernel's time is its traffic, so it pays for its writes at
+#     memory's bandwidth; a library call's write-back hides behind its FLOPs, and what it
+#     stalls on is its operands (Note [recompute reads from cache]). It shows where a plan
+#     recomputes a value inside a backward kernel that also writes it for a matmul to read:
+#     HF Llama's SiLU-gate backward kernel, which writes the recomputed product beside the
+#     two gradients, ran 1.29 ms a call against the unchecked step's 0.85 ms with the same
+#     reads, where crediting the cache for that write priced the difference at 0.04 ms.
+#     ``benchmarks/kernel_prices.py`` times every kernel where it runs, beside its price.
 
 
 # Note [one kernel per fused group]
