@@ -1,6 +1,6 @@
 """How much faster a kernel reads what the kernel before it just wrote (the CPU's cache
 figures in ``ckptplan.devices``, Note [recompute reads from cache] in
-``ckptplan.stepping.graphcost``).
+``ckptplan.stepping.kernelcost``).
 
 For each buffer size, one thread times ``y = x * 2`` twice: right after a kernel wrote ``x``
 and ``y`` (both in cache, as a value recomputed in backward and read by the next kernel) and

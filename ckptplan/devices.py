@@ -112,7 +112,7 @@ class Efficiency:
     stall: float = 0.0
     """Share of a library call's bytes from memory (not the cache) whose time its FLOPs do not
     hide, where a compiled graph's cache is modelled (Note [recompute reads from cache] in
-    ``ckptplan.stepping.graphcost``): a CPU GEMM packs its operands in a pass of its own. 0
+    ``ckptplan.stepping.kernelcost``): a CPU GEMM packs its operands in a pass of its own. 0
     on GPUs, whose GEMMs stream operands while they multiply, until measured."""
 
 
@@ -156,7 +156,8 @@ class Device:
 
     cache_bytes: int = 0
     """Bytes of on-chip cache a compiled kernel's reads are served from when they were written
-    or read that recently (Note [recompute reads from cache] in ``ckptplan.stepping.graphcost``)."""
+    or read that recently (Note [recompute reads from cache] in
+    ``ckptplan.stepping.kernelcost``)."""
     cache_bandwidth: float = 0.0
     """Bytes per second the cache serves them at."""
 

@@ -20,8 +20,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from ckptplan.devices import Device, get_device
 from ckptplan.profiling.costs import eager_seconds
 from ckptplan.stepping.compiled import CompiledModel
-from ckptplan.stepping.graphcost import cached_bytes, graph_seconds, inferred_kernels
+from ckptplan.stepping.graphcost import graph_seconds, inferred_kernels
 from ckptplan.stepping.inductor_memory import GraphMemory, graph_memory
+from ckptplan.stepping.kernelcost import cached_bytes
 from ckptplan.values.profile_types import OpRecord
 
 CPU = get_device("cpu", compiled=True)

@@ -4,53 +4,44 @@ partitioner does with a plan (which values it saves, which it recomputes, and wh
 recomputed pointwise op fuses into a backward kernel) shows in the plan's predicted time.
 
 Note [pricing the partition]
-    The chain prices a compiled plan by its options: every op a region rebuilds costs its
-    time in the step. But the unchecked compiled step is not the eager one: the min-cut
-    partitioner already recomputes cheap pointwise values in backward instead of saving them,
-    and inductor runs a recomputed pointwise op inside the backward kernel that reads it,
-    while a saved value costs a write in forward and a read in backward. So each graph the
-    fake run's partition made is priced as inductor runs it: the kernels its scheduler made
-    of the graph (``graph_memory`` lowers it anyway, for its memory), each library call at
-    the FLOPs of the nodes it came from (and, on the CPU, the time of the bytes it moves from
-    memory rather than the cache: Note [recompute reads from cache]) and each kernel at the
-    bytes inductor counts for its buffers, on the device's own roofline (the chain halves a
-    pointwise op's traffic for fusion it cannot see, Note [pricing a compiled step], which
-    here would count fusion twice). A plan's predicted recompute time is its graphs' time
-    less the unchecked step's, which can be below zero, and only graphs the measured step
-    runs count (transformers' loss recompiles the step at its second call); its overhead is
-    that difference over the unchecked step, whose graphs are priced the same way and whose
-    optimizer step, run eagerly outside them, from the profile (Note [the optimizer step runs
-    from cache] in ``ckptplan.profiling.costs``). Where inductor cannot lower a graph here,
-    ``kernels`` groups its nodes as inductor's scheduler would, but inlines a pointwise value
-    into every reader where inductor writes out one that several read (its
-    ``realize_reads_threshold``).
+    The chain prices a compiled plan by its options: every op a region rebuilds costs its time
+    in the step. But the unchecked compiled step is not the eager one: the min-cut partitioner
+    already recomputes cheap pointwise values in backward instead of saving them, and inductor
+    runs a recomputed pointwise op inside the backward kernel that reads it, while a saved value
+    costs a write in forward and a read in backward. So each graph the fake run's partition made
+    is priced as inductor runs it: the kernels its scheduler made of the graph (``graph_memory``
+    lowers it anyway, for its memory), each library call at the FLOPs of the nodes it came from
+    (and, on the CPU, the time of the bytes it moves from memory rather than the cache: Note
+    [recompute reads from cache] in ``kernelcost``) and each kernel at the bytes inductor counts
+    for its buffers, on the device's own roofline (the chain halves a pointwise op's traffic for
+    fusion it cannot see, Note [pricing a compiled step], which here would count fusion twice).
+    A plan's predicted recompute time is its graphs' time less the unchecked step's, which can
+    be below zero, and only graphs the measured step runs count (transformers' loss recompiles
+    the step at its second call); its overhead is that difference over the unchecked step, whose
+    graphs are priced the same way and whose optimizer step, run eagerly outside them, from the
+    profile (Note [the optimizer step runs from cache] in ``ckptplan.profiling.costs``). Where
+    inductor cannot lower a graph here, ``kernels`` groups its nodes as inductor's scheduler
+    would, but inlines a pointwise value into every reader where inductor writes out one that
+    several read (its ``realize_reads_threshold``).
 
     ``benchmarks/compile.py`` (one CPU thread, 24 back-to-back pairs against the compiled
-    unchecked step, one model at a time, freed memory kept by malloc, fake-run graphs priced
-    on the reference CPU, the cache and the library calls' stall among them, Note [recompute
-    reads from cache]): HF Llama (12x256, 256 tokens) plans at compile's 0.3/0.5/0.7 points
-    measured +10.7/+5.5/+2.3% and are predicted +9.8/+3.2/+1.0%; HF ViT (12x192, 384px) plans
-    measured -1.3/-0.7/-0.2% and are predicted -1.2/-0.8/-0.3%. The same ViT plans measured
-    -1.0/-1.3/-1.4% in an earlier run: at these sizes a plan's measured overhead moves half a
-    point from run to run. Before the stall, ViT's read +1.0% where it measured -0.9%. Node by
-    node, with every value a kernel of its own, ViT read -7% (a saved chain of norms and
-    activations paid a read of each value back, and residual sums inlined into every later
-    layer's norm re-read the whole residual stream). Without the cache, on another machine,
-    Llama's read 40% high. What is left: Llama's 0.5 and 0.7 plans read 2.3 and 1.3 points
-    low. Timed apart on a quiet machine, the 0.5 plan's forward saves 6.0 ms (priced 7.2) and
-    its backward adds 36.0 ms (priced 31.2): the recompute itself runs 15% over its price,
-    though the unchecked graphs run 8% under theirs. Its attention calls are as many as the
-    unchecked step's (inductor's kernels around attention carry its name in a profile). The
-    reference CPU's memory and cache are 1.3 and 1.4 times slower than the benchmark
-    machine's (``benchmarks/cache_reuse.py``); at the machine's own, the 0.5 plan reads +3.7%.
-    The search compares the plans it confirms by this price (Note [ranking compiled plans]
-    in ``ckptplan.planning.search``).
+    unchecked step, one model at a time, freed memory kept by malloc, graphs priced on the
+    reference CPU): HF Llama (12x256, 256 tokens) plans at compile's 0.3/0.5/0.7 points are
+    predicted +10.6/+4.0/+1.8% and measured +7.6/+3.2/-0.8% in one run, +15.0/+6.3/+2.2% in the
+    run before; HF ViT (12x192, 384px) plans are predicted -0.2/+0.4/+0.9% and measured
+    -0.9/-1.0/-1.8%, each inside quartiles 2.5 to 5 points wide (earlier runs of the same ViT
+    plans: -1.3/-0.7/-0.2% and -1.0/-1.3/-1.4%). At these sizes a step's measured overhead moves
+    by more between runs than the price misses it, so the price is held to the kernels' own
+    times where they run (``benchmarks/kernel_prices.py``, Note [a written line goes back to
+    memory] in ``kernelcost``). Node by node, with every value a kernel of its own, ViT read
+    -7%; without the cache, Llama's read 40% high. The search compares the plans it confirms by
+    this price (Note [ranking compiled plans] in ``ckptplan.planning.search``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -59,23 +50,7 @@ import torch.fx
 from ckptplan.devices import Device, OpKind, op_kind
 from ckptplan.profiling.costs import op_flops
 from ckptplan.stepping.fusion import fused_away, in_fused_kernel, is_view
-
-
-@dataclass(frozen=True)
-class Kernel:
-    """One kernel of a compiled graph, as the roofline prices it."""
-
-    kind: OpKind
-    flops: float
-    moved: int
-    """Bytes the kernel reads from memory and writes to it."""
-    half: bool
-    reads: tuple[tuple[str, int], ...] = ()
-    """The buffers among ``moved`` it reads, by name, with their bytes."""
-    writes: tuple[tuple[str, int], ...] = ()
-    """The buffers among ``moved`` it writes."""
-    kept: frozenset[str] = frozenset()
-    """Those of ``writes`` that outlive the graph (its outputs: saved values, gradients)."""
+from ckptplan.stepping.kernelcost import Kernel, kernel_seconds
 
 
 def graph_seconds(
@@ -96,60 +71,6 @@ def graph_seconds(
     """
     kernels = inferred_kernels(graph.graph) if lowered is None else lowered
     return sum(kernel_seconds(kernels, device))
-
-
-def kernel_seconds(kernels: Sequence[Kernel], device: Device) -> list[float]:
-    """The seconds of each of a graph's ``kernels``, in order, on ``device``'s roofline, the
-    cache serving what ``cached_bytes`` says it does (``benchmarks/kernel_prices.py`` times
-    them one by one where they run)."""
-    roofline = replace(device, fused=False)  # fusion is modelled here, kernel by kernel
-    cached = cached_bytes(kernels, device.cache_bytes)
-    return [
-        roofline.op_time(k.kind, k.flops, k.moved, k.half, min(hit, k.moved))
-        for k, hit in zip(kernels, cached, strict=True)
-    ]
-
-
-def cached_bytes(kernels: Sequence[Kernel], cache: int) -> list[int]:
-    """Per kernel, the bytes it moves that a cache of ``cache`` bytes serves (Note [recompute
-    reads from cache]): a read of a buffer touched (written or read) by a kernel fewer than
-    ``cache`` bytes of traffic before, and a library call's write of a buffer that no kernel
-    reads from further away and that dies with the graph. A pointwise kernel's writes always
-    reach memory (Note [a written line goes back to memory]).
-
-    >>> def kernel(kind, reads, writes, kept=()):
-    ...     moved = sum(b for _, b in reads + writes)
-    ...     return Kernel(kind, 0, moved, False, reads, writes, frozenset(kept))
-    >>> norm = kernel("memory", (("x", 4),), (("y", 4),))
-    >>> matmul = kernel("matmul", (("x", 4),), (("y", 4),))
-    >>> grad = kernel("memory", (("y", 4),), (("g", 4),), kept=("g",))
-    >>> cached_bytes([norm, grad], cache=16), cached_bytes([matmul, grad], cache=16)
-    ([0, 4], [4, 4])
-    >>> cached_bytes([norm, norm], cache=0)
-    [0, 0]
-    """
-    hits = [0] * len(kernels)
-    touched: dict[str, int] = {}  # buffer -> the traffic up to its last touch
-    written: dict[str, tuple[int, int]] = {}  # buffer -> (its writer, its bytes)
-    far: set[str] = set()  # buffers some kernel read from memory, not from the cache
-    traffic = 0
-    for i, kernel in enumerate(kernels):
-        for name, size in kernel.reads:
-            if name in touched and traffic - touched[name] + size <= cache:
-                hits[i] += size
-            else:
-                far.add(name)
-        traffic += kernel.moved
-        for name, _ in kernel.reads:
-            touched[name] = traffic
-        for name, size in kernel.writes:
-            touched[name] = traffic
-            if kernel.kind != "memory" and name not in kernel.kept and size <= cache:
-                written[name] = (i, size)
-    for name, (writer, size) in written.items():
-        if name not in far:
-            hits[writer] += size
-    return hits
 
 
 def scheduled_kernels(nodes: Sequence[Any]) -> tuple[Kernel, ...]:
@@ -260,56 +181,6 @@ def _library_reach(
             bits |= reach.get(other, 0)
         reach[node] = bits
     return reach
-
-
-# Note [recompute reads from cache]
-#     A value saved in forward is written to memory and read back in backward, a whole
-#     graph later; a value recomputed in backward is written and read by the next kernels,
-#     while it is still in the cache, and dies there. So the roofline prices a kernel's read
-#     at the cache's bandwidth where the buffer was written or read less than the cache's
-#     size of traffic before (its bytes included), and a library call's write so too where
-#     the value dies in the graph and no kernel reads it from further away; a pointwise
-#     kernel's writes (Note [a written line goes back to memory]) and a graph's inputs and
-#     outputs (saved values, gradients) move at memory's. ``benchmarks/cache_reuse.py`` measures the
-#     CPU's figures on one thread: a buffer just written read 2.1 times as fast as a cold one
-#     up to 32 MiB (64 MiB counting the buffer written), so the CPU's cache is 64 MiB at 2.1
-#     times its fitted bandwidth. For GPUs, from vendors' and microbenchmark figures: half the
-#     L2 (H100's is split in two partitions), at about twice HBM's bandwidth on A100 and 6.7
-#     TB/s on Hopper; other GPUs get no cache credit until measured. On HF Llama (12x256)
-#     plans that checkpoint whole layers, the cache took 0.9-1.6 points off predictions of
-#     +9-17%; yet a kernel profile of the +12% plan (one thread) measured its recompute's
-#     fused kernels at +3 ms, priced +11 ms (+17 without the cache): a layer's traffic between
-#     a value's write and its read is tens of MiB, past this cache, while the machine keeps
-#     it close. Its recomputed matmuls measured +60 ms, priced +88 (this machine's 168 GFLOP/s
-#     against the reference's 148 explains 10 ms), and its recomputed attention +35 ms, priced
-#     +18 at the matmul rate (the CPU's attention runs at 0.7 of it: ``attention_rate.py``).
-#
-#     A library call gains from the cache too, which max(FLOPs, bytes) cannot show: a
-#     compute-bound matmul cost the same whatever it read. On the CPU a GEMM packs its
-#     operands into blocks in a pass of its own before it multiplies them, so the time of the
-#     bytes it moves from memory adds to its FLOPs' time, while those the cache serves hide
-#     (``Efficiency.stall``). ``cache_reuse.py`` times the matmuls of the HF benchmark models'
-#     linear layers (forward and both gradients) with every operand just written and with
-#     every operand in memory: the cold call adds 1.0-1.4 times its bytes' time at the cold
-#     bandwidth (the median of nine matmuls, in three runs), so the CPU's stall is 1.0. Kernel
-#     profiles had shown the effect without it: HF ViT's 0.7 plan reads 64 MB less from
-#     memory in its matmuls than the unchecked step and they ran 12 ms faster at 1 ms more
-#     FLOPs; the Llama plan's recomputed matmuls read 94 MB less and ran 18 ms under their
-#     FLOPs' price (the stall now takes 10 ms off it). Neither was used to set the figure.
-#     A GPU's GEMMs stream their operands while they multiply: no stall until measured.
-
-
-# Note [a written line goes back to memory]
-#     A cache holds lines, not values: a line a kernel wrote is written back to memory when
-#     it is evicted, whether or not a later kernel read it from the cache first and the value
-#     died since. A pointwise kernel's time is its traffic, so it pays for its writes at
-#     memory's bandwidth; a library call's write-back hides behind its FLOPs, and what it
-#     stalls on is its operands (Note [recompute reads from cache]). It shows where a plan
-#     recomputes a value inside a backward kernel that also writes it for a matmul to read:
-#     HF Llama's SiLU-gate backward kernel, which writes the recomputed product beside the
-#     two gradients, ran 1.29 ms a call against the unchecked step's 0.85 ms with the same
-#     reads, where crediting the cache for that write priced the difference at 0.04 ms.
-#     ``benchmarks/kernel_prices.py`` times every kernel where it runs, beside its price.
 
 
 # Note [one kernel per fused group]

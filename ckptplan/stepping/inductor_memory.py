@@ -33,7 +33,8 @@ import torch.fx
 
 from ckptplan.patching import patched, patched_config
 from ckptplan.profiling.memtrack import storage_key
-from ckptplan.stepping.graphcost import Kernel, scheduled_kernels
+from ckptplan.stepping.graphcost import scheduled_kernels
+from ckptplan.stepping.kernelcost import Kernel
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,136 @@
+"""A compiled graph's kernels on the roofline, one by one: what each moves, what of it the
+cache serves, and its seconds (``ckptplan.stepping.graphcost`` adds them up per graph;
+``benchmarks/kernel_prices.py`` times each where it runs, beside its price).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from ckptplan.devices import Device, OpKind
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel of a compiled graph, as the roofline prices it."""
+
+    kind: OpKind
+    flops: float
+    moved: int
+    """Bytes the kernel reads from memory and writes to it."""
+    half: bool
+    reads: tuple[tuple[str, int], ...] = ()
+    """The buffers among ``moved`` it reads, by name, with their bytes."""
+    writes: tuple[tuple[str, int], ...] = ()
+    """The buffers among ``moved`` it writes."""
+    kept: frozenset[str] = frozenset()
+    """Those of ``writes`` that outlive the graph (its outputs: saved values, gradients)."""
+
+
+def kernel_seconds(kernels: Sequence[Kernel], device: Device) -> list[float]:
+    """The seconds of each of a graph's ``kernels``, in order, on ``device``'s roofline, the
+    cache serving what ``cached_bytes`` says it does (``benchmarks/kernel_prices.py`` times
+    them one by one where they run)."""
+    roofline = replace(device, fused=False)  # fusion is modelled here, kernel by kernel
+    cached = cached_bytes(kernels, device.cache_bytes)
+    return [
+        roofline.op_time(k.kind, k.flops, k.moved, k.half, min(hit, k.moved))
+        for k, hit in zip(kernels, cached, strict=True)
+    ]
+
+
+def cached_bytes(kernels: Sequence[Kernel], cache: int) -> list[int]:
+    """Per kernel, the bytes it moves that a cache of ``cache`` bytes serves (Note [recompute
+    reads from cache]): a read of a buffer touched (written or read) by a kernel fewer than
+    ``cache`` bytes of traffic before, and a library call's write of a buffer that no kernel
+    reads from further away and that dies with the graph. A pointwise kernel's writes always
+    reach memory (Note [a written line goes back to memory]).
+
+    >>> def kernel(kind, reads, writes, kept=()):
+    ...     moved = sum(b for _, b in reads + writes)
+    ...     return Kernel(kind, 0, moved, False, reads, writes, frozenset(kept))
+    >>> norm = kernel("memory", (("x", 4),), (("y", 4),))
+    >>> matmul = kernel("matmul", (("x", 4),), (("y", 4),))
+    >>> grad = kernel("memory", (("y", 4),), (("g", 4),), kept=("g",))
+    >>> cached_bytes([norm, grad], cache=16), cached_bytes([matmul, grad], cache=16)
+    ([0, 4], [4, 4])
+    >>> cached_bytes([norm, norm], cache=0)
+    [0, 0]
+    """
+    hits = [0] * len(kernels)
+    touched: dict[str, int] = {}  # buffer -> the traffic up to its last touch
+    written: dict[str, tuple[int, int]] = {}  # buffer -> (its writer, its bytes)
+    far: set[str] = set()  # buffers some kernel read from memory, not from the cache
+    traffic = 0
+    for i, kernel in enumerate(kernels):
+        for name, size in kernel.reads:
+            if name in touched and traffic - touched[name] + size <= cache:
+                hits[i] += size
+            else:
+                far.add(name)
+        traffic += kernel.moved
+        for name, _ in kernel.reads:
+            touched[name] = traffic
+        for name, size in kernel.writes:
+            touched[name] = traffic
+            if kernel.kind != "memory" and name not in kernel.kept and size <= cache:
+                written[name] = (i, size)
+    for name, (writer, size) in written.items():
+        if name not in far:
+            hits[writer] += size
+    return hits
+
+
+# Note [recompute reads from cache]
+#     A value saved in forward is written to memory and read back in backward, a whole
+#     graph later; a value recomputed in backward is written and read by the next kernels,
+#     while it is still in the cache, and dies there. So the roofline prices a kernel's read
+#     at the cache's bandwidth where the buffer was written or read less than the cache's
+#     size of traffic before (its bytes included), and a library call's write so too where
+#     the value dies in the graph and no kernel reads it from further away; a pointwise
+#     kernel's writes (Note [a written line goes back to memory]) and a graph's inputs and
+#     outputs (saved values, gradients) move at memory's. ``benchmarks/cache_reuse.py``
+#     measures the CPU's figures on one thread: a buffer just written read 2.1 times as fast
+#     as a cold one up to 32 MiB (64 MiB counting the buffer written), so the CPU's cache is
+#     64 MiB at 2.1 times its fitted bandwidth. For GPUs, from vendors' and microbenchmark
+#     figures: half the L2 (H100's is split in two partitions), at about twice HBM's
+#     bandwidth on A100 and 6.7 TB/s on Hopper; other GPUs get no cache credit until
+#     measured. ``benchmarks/kernel_prices.py`` holds the prices kernel by kernel against
+#     the kernels' own times where they run.
+#
+#     A library call gains from the cache too, which max(FLOPs, bytes) cannot show: a
+#     compute-bound matmul cost the same whatever it read. On the CPU a GEMM packs its
+#     operands into blocks in a pass of its own before it multiplies them, so the time of the
+#     bytes it moves from memory adds to its FLOPs' time, while those the cache serves hide
+#     (``Efficiency.stall``). ``cache_reuse.py`` times the matmuls of the HF benchmark models'
+#     linear layers (forward and both gradients) with every operand just written and with
+#     every operand in memory: the cold call adds 1.0-1.4 times its bytes' time at the cold
+#     bandwidth (the median of nine matmuls, in three runs), so the CPU's stall is 1.0. Kernel
+#     profiles had shown the effect without it: HF ViT's 0.7 plan reads 64 MB less from
+#     memory in its matmuls than the unchecked step and they ran 12 ms faster at 1 ms more
+#     FLOPs; the Llama plan's recomputed matmuls read 94 MB less and ran 18 ms under their
+#     FLOPs' price (the stall now takes 10 ms off it). Neither was used to set the figure.
+#     A GPU's GEMMs stream their operands while they multiply: no stall until measured.
+
+
+# Note [a written line goes back to memory]
+#     A cache holds lines, not values: a line a kernel wrote is written back to memory when
+#     it is evicted, whether or not a later kernel read it from the cache first and the value
+#     died since. A pointwise kernel's time is its traffic, so it pays for its writes at
+#     memory's bandwidth; a library call's write-back hides behind its FLOPs, and what it
+#     stalls on is its operands (Note [recompute reads from cache]). It shows where a plan
+#     recomputes a value inside a backward kernel that also writes it for a matmul to read:
+#     HF Llama's SiLU-gate backward kernel, which writes the recomputed product beside the
+#     two gradients, ran 1.29 ms a call against the unchecked step's 0.85 ms with the same
+#     reads, where crediting the cache for that write priced the difference at 0.04 ms.
+#     ``benchmarks/kernel_prices.py`` times every kernel where it runs, beside its price
+#     (one thread; graphs' time over the unchecked step's): HF Llama's ``dp`` plans at
+#     60/75/90% measured +21.3/+13.9/+6.1% and are priced +21.5/+12.4/+5.6%, HF ViT's
+#     +12.7/+9.3/+4.3% and +13.3/+8.5/+3.8%. Kernel by kernel, the pointwise kernels' prices
+#     are off by 0.36 (Llama) and 0.53 (ViT) in time-weighted |log(price / time)|, the
+#     library calls' by 0.08 and 0.14. Timed the same way before (plans at compile's budget
+#     points, the optimizer in the denominator), the cache credit for these writes priced four
+#     Llama plans' overheads 8-19% under their time and three ViT plans' 6% under to 1% over;
+#     without it Llama's read 12% under to 3% over and ViT's 1% under to 7% over, and the
+#     pointwise error fell from 0.39 to 0.33 (Llama) and from 0.45 to 0.32 (ViT).
