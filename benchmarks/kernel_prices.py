@@ -212,10 +212,11 @@ def run_model(path: Path, budgets: list[str], steps: int) -> dict[str, Any]:
             walls[name].append(time.perf_counter() - start)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-    return summary(graphs, walls, steps)
+    return summary(graphs, walls)
 
 
-def summary(graphs: list[Graph], walls: dict[str, list[float]], steps: int) -> dict[str, Any]:
+def summary(graphs: list[Graph], walls: dict[str, list[float]]) -> dict[str, Any]:
+    """The timed steps' figures: per class of call, and per entry (the module docstring)."""
     classes: dict[str, list[float]] = {}  # class -> [measured, priced, weighted |log ratio|]
     totals = {name: [0.0, 0.0] for name in walls}
     unmatched = 0
