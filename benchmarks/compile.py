@@ -33,7 +33,9 @@ records the load (``uptime``) before and after: other jobs may share the cores.
     python benchmarks/compile.py --models benchmarks/models/hf_llama_256.py \
         benchmarks/models/hf_vit_384.py --rounds 5 --pairs 8
 
-Writes benchmarks/results/compile.json (rows merged by model) and compile.png.
+Writes benchmarks/results/compile.json (rows merged by model) and compile.png, and each
+ckptplan compiled plan it measured to benchmarks/results/compile_plans/<model>/, so that a
+figure can be checked again on the very plan it was measured on.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ from ckptplan.stepping.graphbreaks import counting_breaks
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "compile.json"
+PLANS = RESULTS.with_name("compile_plans")
 MODELS = (
     "sample_models/gpt.py",
     "sample_models/vit.py",
@@ -361,6 +364,8 @@ def run_model(path: Path, rounds: int, pairs: int) -> list[dict[str, Any]]:
                 measure(workload, entry, inputs, want)
             entries.append(entry)
             if compile_plan:
+                (PLANS / path.stem).mkdir(parents=True, exist_ok=True)
+                plan.save(PLANS / path.stem / f"{name.removeprefix(base + '@')}.json")
                 rebuild.append((entry, lambda plan=plan: ckptplan.apply(fresh(), plan)))
     if hasattr(reference, "activation_checkpointing_enable") and not lean:
         model = fresh()
