@@ -2,22 +2,28 @@
 (Note [pricing the partition] in ``ckptplan.stepping.graphcost``): the instrument behind the
 pricing notes, finer than the whole-step timings of ``compile.py`` that test predictions.
 
-For each model: the compiled unchecked step and ``dp`` plans at a few budgets, applied then
-compiled, on the CPU with one thread, freed memory kept by malloc. Inductor compiles each
-graph for real, and the same graph is lowered again as the fake run lowers it
-(``graph_memory``: the scheduler's kernels), whose kernels ``kernel_seconds`` prices. Every
-kernel and library call of the generated code runs under a timer; the entries' steps run
-interleaved, and a call's time is its median over the steps. A call's price is the sum of
-the priced kernels whose buffers it writes (inductor's code generator may merge scheduler
-nodes into one loop). Per model it reports, per class (pointwise kernels, library calls),
-the seconds measured and priced and the time-weighted mean |log(price / time)|; and per plan
-its graphs' time over the unchecked step's, less one, measured and priced. The timers add
-about a microsecond a call, a few percent of a step: the step's wall time is recorded too.
+For each model: the compiled unchecked step and ``dp`` plans at a few budgets (or the plan
+files given, such as those ``compile.py`` measured), applied then compiled, on the CPU with
+one thread, freed memory kept by malloc. Inductor compiles each graph for real, and the same
+graph is lowered again as the fake run lowers it (``graph_memory``: the scheduler's kernels),
+whose kernels ``kernel_seconds`` prices. Every kernel and library call of the generated code
+runs under a timer; the entries' steps run interleaved, and a call's time is its median over
+the steps. A call's price is the sum of the priced kernels whose buffers it writes
+(inductor's code generator may merge scheduler nodes into one loop). Per model it reports,
+per class (pointwise kernels, library calls), the seconds measured and priced and the
+time-weighted mean |log(price / time)|; and per plan its graphs' time over the unchecked
+step's, less one, measured and priced, and where that difference lies: per pass (forward,
+backward) and call (pointwise kernels, each library function), the plan's seconds less the
+unchecked step's, measured and priced. The timers add about a microsecond a call, a few
+percent of a step: the step's wall time is recorded too.
 
     python benchmarks/kernel_prices.py [--models benchmarks/models/hf_llama_256.py] \
         [--budgets 60% 75% 90%] [--steps 10]
+    python benchmarks/kernel_prices.py --models benchmarks/models/hf_vit_384.py \
+        --plans benchmarks/results/compile_plans/hf_vit_384/*.json
 
-Writes benchmarks/results/kernel_prices.json (rows merged by model).
+Writes benchmarks/results/kernel_prices.json (rows merged by model; plan files' runs under
+"<model> plans").
 """
 
 from __future__ import annotations
@@ -70,6 +76,7 @@ class Graph:
     the price of each call; and each call's seconds, one list per timed step."""
 
     entry: str
+    backward: bool
     calls: list[tuple[str, list[str]]]
     prices: list[float]
     unnamed: float
@@ -168,7 +175,8 @@ def recording_backend(entry: str, graphs: list[Graph], timing: list[bool]) -> Ca
         if memory is not None and memory.kernels is not None:
             calls = code_calls(compiled.source_code)
             seconds = kernel_seconds(memory.kernels, device)
-            record = Graph(entry, calls, *call_prices(calls, memory.kernels, seconds))
+            backward = bool(kwargs.get("is_backward"))
+            record = Graph(entry, backward, calls, *call_prices(calls, memory.kernels, seconds))
             graphs.append(record)
             timed_module(compiled.current_callable.__globals__, record, timing)
         return compiled
@@ -181,13 +189,20 @@ def recording_backend(entry: str, graphs: list[Graph], timing: list[bool]) -> Ca
     return backend
 
 
-def run_model(path: Path, budgets: list[str], steps: int) -> dict[str, Any]:
+def run_model(
+    path: Path, budgets: list[str], steps: int, plans: list[Path] | None = None
+) -> dict[str, Any]:
+    """The figures of the module docstring for the model at ``path``: ``dp`` plans at
+    ``budgets``, or the plan files ``plans`` (named by their stems) where given."""
     workload: Workload = load_model_file(path)
     torch.manual_seed(0)
     pristine = workload.build().train()
     inputs, _ = training_conventions(pristine, workload.inputs(None))
     entries: dict[str, torch.nn.Module] = {"unchecked": copy.deepcopy(pristine)}
-    for budget in budgets:
+    if plans:
+        for file in plans:
+            entries[file.stem] = ckptplan.apply(copy.deepcopy(pristine), file)
+    for budget in [] if plans else budgets:
         plan = ckptplan.solve(path, budget=budget, solver="dp")
         entries[f"dp@{budget}"] = ckptplan.apply(copy.deepcopy(pristine), plan)
     graphs: list[Graph] = []
@@ -219,6 +234,8 @@ def summary(graphs: list[Graph], walls: dict[str, list[float]]) -> dict[str, Any
     """The timed steps' figures: per class of call, and per entry (the module docstring)."""
     classes: dict[str, list[float]] = {}  # class -> [measured, priced, weighted |log ratio|]
     totals = {name: [0.0, 0.0] for name in walls}
+    # entry -> "pass call" (e.g. "backward pointwise", "forward extern.mm") -> [measured, priced]
+    parts: dict[str, dict[str, list[float]]] = {name: {} for name in walls}
     unmatched = 0
     unnamed = 0.0
     for graph in graphs:
@@ -232,6 +249,12 @@ def summary(graphs: list[Graph], walls: dict[str, list[float]]) -> dict[str, Any
         unnamed += graph.unnamed
         for (name, _), measured, priced in zip(graph.calls, times, graph.prices, strict=True):
             cls = "pointwise" if name.startswith("cpp_") else "library"
+            part = ("backward " if graph.backward else "forward ") + (
+                "pointwise" if cls == "pointwise" else name
+            )
+            seconds = parts[graph.entry].setdefault(part, [0.0, 0.0])
+            seconds[0] += measured
+            seconds[1] += priced
             row = classes.setdefault(cls, [0.0, 0.0, 0.0])
             row[0] += measured
             row[1] += priced
@@ -239,6 +262,19 @@ def summary(graphs: list[Graph], walls: dict[str, list[float]]) -> dict[str, Any
             totals[graph.entry][0] += measured
             totals[graph.entry][1] += priced
     measured_base, priced_base = totals["unchecked"]
+    entries = {
+        name: {
+            "graphs_measured_s": m,
+            "graphs_priced_s": p,
+            "overhead_measured": m / measured_base - 1,
+            "overhead_priced": p / priced_base - 1,
+            "forward_backward_wall_s": statistics.median(walls[name][2:]),
+        }
+        for name, (m, p) in totals.items()
+    }
+    for name, row in entries.items():
+        if name != "unchecked":
+            row["difference_s"] = differences(parts[name], parts["unchecked"])
     return {
         "classes": {
             cls: {"measured_s": m, "priced_s": p, "mean_abs_log_ratio": w / m}
@@ -246,17 +282,19 @@ def summary(graphs: list[Graph], walls: dict[str, list[float]]) -> dict[str, Any
         },
         "graphs_unmatched": unmatched,
         "priced_unnamed_s": unnamed,
-        "entries": {
-            name: {
-                "graphs_measured_s": m,
-                "graphs_priced_s": p,
-                "overhead_measured": m / measured_base - 1,
-                "overhead_priced": p / priced_base - 1,
-                "forward_backward_wall_s": statistics.median(walls[name][2:]),
-            }
-            for name, (m, p) in totals.items()
-        },
+        "entries": entries,
     }
+
+
+def differences(
+    mine: dict[str, list[float]], theirs: dict[str, list[float]]
+) -> dict[str, dict[str, float]]:
+    """Per part, ``mine``'s seconds less ``theirs``', measured and priced."""
+    out = {}
+    for part in sorted(mine.keys() | theirs.keys()):
+        a, b = mine.get(part, [0.0, 0.0]), theirs.get(part, [0.0, 0.0])
+        out[part] = {"measured": a[0] - b[0], "priced": a[1] - b[1]}
+    return out
 
 
 def main() -> None:
@@ -264,7 +302,12 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--budgets", nargs="+", default=["60%", "75%", "90%"])
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument(
+        "--plans", nargs="+", type=Path, help="plan files of the one model, timed instead of dp's"
+    )
     args = parser.parse_args()
+    if args.plans and len(args.models) != 1:
+        parser.error("--plans needs exactly one model in --models, the one the plans are for")
     torch.set_num_threads(1)
     keep_freed_host_memory()
     # Each entry compiles the same forward with its own backend: a cache entry each.
@@ -273,10 +316,10 @@ def main() -> None:
     for name in args.models:
         path = ROOT / name
         before = os.getloadavg()[0]
-        row = run_model(path, args.budgets, args.steps)
+        row = run_model(path, args.budgets, args.steps, args.plans)
         row["load_average_1min"] = [before, os.getloadavg()[0]]
         results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-        results[path.stem] = row
+        results[f"{path.stem} plans" if args.plans else path.stem] = row
         RESULTS.write_text(json.dumps(results, indent=1) + "\n")
         torch._dynamo.reset()
         for cls, figures in row["classes"].items():
@@ -286,6 +329,11 @@ def main() -> None:
                 f"{path.stem} {entry}: overhead measured {figures['overhead_measured']:+.2%}"
                 f" priced {figures['overhead_priced']:+.2%}"
             )
+            for part, seconds in figures.get("difference_s", {}).items():
+                print(
+                    f"    {part}: measured {seconds['measured'] * 1e3:+.1f} ms,"
+                    f" priced {seconds['priced'] * 1e3:+.1f} ms"
+                )
 
 
 if __name__ == "__main__":
