@@ -199,12 +199,13 @@ def run_model(
     pristine = workload.build().train()
     inputs, _ = training_conventions(pristine, workload.inputs(None))
     entries: dict[str, torch.nn.Module] = {"unchecked": copy.deepcopy(pristine)}
-    if plans:
-        for file in plans:
-            entries[file.stem] = ckptplan.apply(copy.deepcopy(pristine), file)
-    for budget in [] if plans else budgets:
-        plan = ckptplan.solve(path, budget=budget, solver="dp")
-        entries[f"dp@{budget}"] = ckptplan.apply(copy.deepcopy(pristine), plan)
+    chosen: dict[str, ckptplan.Plan | Path] = (
+        {file.stem: file for file in plans}
+        if plans
+        else {f"dp@{b}": ckptplan.solve(path, budget=b, solver="dp") for b in budgets}
+    )
+    for name, plan in chosen.items():
+        entries[name] = ckptplan.apply(copy.deepcopy(pristine), plan)
     graphs: list[Graph] = []
     timing = [False]
     compiled = {}
