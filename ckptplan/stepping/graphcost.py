@@ -24,18 +24,19 @@ Note [pricing the partition]
     would, but inlines a pointwise value into every reader where inductor writes out one that
     several read (its ``realize_reads_threshold``).
 
-    ``benchmarks/compile.py`` (one CPU thread, 24 back-to-back pairs against the compiled
-    unchecked step, one model at a time, freed memory kept by malloc, graphs priced on the
-    reference CPU): HF Llama (12x256, 256 tokens) plans at compile's 0.3/0.5/0.7 points are
-    predicted +10.6/+4.0/+1.8% and measured +7.6/+3.2/-0.8% in one run, +15.0/+6.3/+2.2% in the
-    run before; HF ViT (12x192, 384px) plans are predicted -0.2/+0.4/+0.9% and measured
-    -0.9/-1.0/-1.8%, each inside quartiles 2.5 to 5 points wide (earlier runs of the same ViT
-    plans: -1.3/-0.7/-0.2% and -1.0/-1.3/-1.4%). At these sizes a step's measured overhead moves
-    by more between runs than the price misses it, so the price is held to the kernels' own
-    times where they run (``benchmarks/kernel_prices.py``, Note [a written line goes back to
-    memory] in ``kernelcost``). Node by node, with every value a kernel of its own, ViT read
-    -7%; without the cache, Llama's read 40% high. The search compares the plans it confirms by
-    this price (Note [ranking compiled plans] in ``ckptplan.planning.search``).
+    ``benchmarks/compile.py`` (one CPU thread, 64 back-to-back pairs against the compiled
+    unchecked step, one model at a time on a quiet machine, freed memory kept by malloc,
+    graphs priced on the reference CPU): HF Llama (12x256, 256 tokens) plans at compile's
+    0.3/0.5/0.7 points are predicted +10.6/+4.0/+1.8% and measured +11.4/+5.6/+1.9%; HF ViT
+    (12x192, 384px) plans are predicted -0.2/+0.4/+0.9% and measured -1.3/-1.1/-3.0%. With
+    another job on the second core the same Llama plans measured +7.6/+3.2/-0.8% and
+    +15.0/+6.3/+2.2%. What the price misses, part by part, ``benchmarks/kernel_prices.py
+    --plans`` shows: a plan's forward runs faster than the unchecked step's where it saves
+    less, and a pointwise kernel is priced by its bytes, though GELU's run at twice that on the
+    CPU, so the bytes a recompute adds to them cost less than their price (Note [a written line
+    goes back to memory] in ``kernelcost``). Node by node, with every value a kernel of its
+    own, ViT read -7%; without the cache, Llama's read 40% high. The search compares the plans
+    it confirms by this price (Note [ranking compiled plans] in ``ckptplan.planning.search``).
 """
 
 from __future__ import annotations
