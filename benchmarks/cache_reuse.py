@@ -9,6 +9,12 @@ and read in backward). Bandwidth counts the bytes read and written, as the roofl
 cache size is the largest buffer whose hot reads still run at least 1.5 times the cold
 ones, counting both buffers.
 
+Then what a kernel's write costs where its buffer is not in the cache: one thread times
+``y = x * 2`` with ``x`` just written both times and ``y`` just written or in memory (a fresh
+output, such as a value a forward graph saves). The CPU fetches a line before it writes it,
+so the cold write adds about its bytes' time again: the write-allocate share is that extra
+time as a share of ``y``'s bytes' time at the cold bandwidth.
+
 Then the same for library calls: one thread times the matmuls of a linear layer's forward and
 backward at the shapes of the HF Llama and ViT benchmark models, with every operand just
 written and with every operand in memory. A GEMM on the CPU packs its operands into blocks
@@ -51,6 +57,28 @@ def bandwidth(mib: float, hot: bool) -> float:
         torch.mul(x, 2.0, out=y)
         seconds.append(time.perf_counter() - start)
     return 2 * x.numel() * 4 / statistics.median(seconds)
+
+
+def write_allocate(mib: float, cold_bandwidth: float) -> float:
+    """The seconds ``y = x * 2`` adds, ``x`` in the cache, where ``y`` is in memory rather
+    than just written, as a share of ``y``'s bytes' time at ``cold_bandwidth``."""
+    x = torch.randn(int(mib * 2**20) // 4)
+    y = torch.empty_like(x)
+    flush = torch.empty(64 * 2**20)
+    seconds = {}
+    for hot in (True, False):
+        times = []
+        for _ in range(REPEATS):
+            if hot:
+                y.mul_(1.0)
+            else:
+                flush.add_(1.0)
+            x.mul_(1.0)
+            start = time.perf_counter()
+            torch.mul(x, 2.0, out=y)
+            times.append(time.perf_counter() - start)
+        seconds[hot] = statistics.median(times)
+    return (seconds[False] - seconds[True]) * cold_bandwidth / (x.numel() * 4)
 
 
 # (rows, inner, outer): a linear layer over ``rows`` tokens from ``inner`` to ``outer`` features.
@@ -99,6 +127,8 @@ def main() -> None:
         "cache_bandwidth": statistics.median(r["hot"] for r in cached) if cached else 0.0,
         "memory_bandwidth": statistics.median(r["cold"] for r in rows if r["mib"] >= 8),
     }
+    allocating = {mib: write_allocate(mib, figures["memory_bandwidth"]) for mib in (2, 4, 8, 16)}
+    figures["write_allocate"] = statistics.median(allocating.values())
     stalls = {name: stall(*shape, figures["memory_bandwidth"]) for name, shape in LINEARS.items()}
     figures["library_stall"] = statistics.median(s for shares in stalls.values() for s in shares)
     for r in rows:
@@ -106,12 +136,19 @@ def main() -> None:
     print(
         f"cache {figures['cache_bytes'] / 2**20:.0f} MiB at "
         f"{figures['cache_bandwidth'] / 1e9:.1f} GB/s, memory "
-        f"{figures['memory_bandwidth'] / 1e9:.1f} GB/s, library stall "
-        f"{figures['library_stall']:.2f}"
+        f"{figures['memory_bandwidth'] / 1e9:.1f} GB/s, write-allocate "
+        f"{figures['write_allocate']:.2f}, library stall {figures['library_stall']:.2f}"
     )
     RESULTS.write_text(
         json.dumps(
-            {"figures": figures, "sizes": rows, "library_stalls": stalls, "threads": 1}, indent=1
+            {
+                "figures": figures,
+                "sizes": rows,
+                "write_allocate_by_mib": allocating,
+                "library_stalls": stalls,
+                "threads": 1,
+            },
+            indent=1,
         )
         + "\n"
     )

@@ -114,6 +114,12 @@ class Efficiency:
     hide, where a compiled graph's cache is modelled (Note [recompute reads from cache] in
     ``ckptplan.stepping.kernelcost``): a CPU GEMM packs its operands in a pass of its own. 0
     on GPUs, whose GEMMs stream operands while they multiply, until measured."""
+    write_allocate: float = 0.0
+    """Share of a compiled pointwise kernel's bytes written to a fresh buffer (an output of
+    its graph: a saved value, a gradient) it moves again, where a compiled graph's cache is
+    modelled (Note [a fresh buffer is read before it is written] in
+    ``ckptplan.stepping.kernelcost``): a CPU fetches a line before it writes it. 0 on GPUs,
+    whose caches take a whole written line without fetching it."""
 
 
 @dataclass(frozen=True)
@@ -233,7 +239,7 @@ class Device:
 
 
 CPU_EFFICIENCY = Efficiency(
-    matmul=1.0, attention=0.7, memory=1.0, random=0.146, launch=0.0, stall=1.0
+    matmul=1.0, attention=0.7, memory=1.0, random=0.146, launch=0.0, stall=1.0, write_allocate=0.9
 )
 """The reference CPU's figures are fitted achieved rates already (see the note above): memory
 streams at 9.7 GB/s, a random-number kernel fills it at 1.4 GB/s; the fit drove the cost per op
@@ -242,7 +248,8 @@ fused attention, so the fit cannot see it: ``benchmarks/attention_rate.py`` time
 benchmark models' shapes, at 0.68-0.73 of their linear layers' matmul rate in both directions
 (two runs), so 0.7. Where a compiled graph's cache is modelled, a library call's bytes from
 memory stall it for their whole time: ``benchmarks/cache_reuse.py`` measured 1.0-1.4 times
-(medians of three runs) on the linear layers of the HF Llama and ViT benchmark models."""
+(medians of three runs) on the linear layers of the HF Llama and ViT benchmark models, and a
+write to a buffer in memory at 0.88-0.94 of its bytes' time more than to one just written."""
 
 # A GPU's cache is half its L2, Note [recompute reads from cache].
 DEVICES = {

@@ -30,14 +30,31 @@ class Kernel:
 
 def kernel_seconds(kernels: Sequence[Kernel], device: Device) -> list[float]:
     """The seconds of each of a graph's ``kernels``, in order, on ``device``'s roofline, the
-    cache serving what ``cached_bytes`` says it does (``benchmarks/kernel_prices.py`` times
-    them one by one where they run)."""
+    cache serving what ``cached_bytes`` says it does and a pointwise kernel's writes to fresh
+    buffers fetching them first (``benchmarks/kernel_prices.py`` times them one by one where
+    they run).
+
+    >>> from ckptplan.devices import get_device
+    >>> def write(kept):  # a pointwise kernel that writes 1 MB, to an output or a temporary
+    ...     return Kernel("memory", 0, 10**6, False, (), (("y", 10**6),), frozenset(kept))
+    >>> cpu, h100 = get_device("cpu", compiled=True), get_device("h100", compiled=True)
+    >>> [round(kernel_seconds([write(kept)], cpu)[0] * 1e6) for kept in ((), ("y",))]
+    [103, 196]
+    >>> kernel_seconds([write(("y",))], h100) == kernel_seconds([write(())], h100)
+    True
+    """
     roofline = replace(device, fused=False)  # fusion is modelled here, kernel by kernel
     cached = cached_bytes(kernels, device.cache_bytes)
-    return [
-        roofline.op_time(k.kind, k.flops, k.moved, k.half, min(hit, k.moved))
-        for k, hit in zip(kernels, cached, strict=True)
-    ]
+    allocate = device.efficiency.write_allocate if device.cache_bytes else 0.0
+    seconds = []
+    for kernel, hit in zip(kernels, cached, strict=True):
+        moved = kernel.moved
+        if kernel.kind == "memory":  # Note [a fresh buffer is read before it is written]
+            moved += int(allocate * sum(b for n, b in kernel.writes if n in kernel.kept))
+        seconds.append(
+            roofline.op_time(kernel.kind, kernel.flops, moved, kernel.half, min(hit, moved))
+        )
+    return seconds
 
 
 def cached_bytes(kernels: Sequence[Kernel], cache: int) -> list[int]:
@@ -134,3 +151,20 @@ def cached_bytes(kernels: Sequence[Kernel], cache: int) -> list[int]:
 #     Llama plans' overheads 8-19% under their time and three ViT plans' 6% under to 1% over;
 #     without it Llama's read 12% under to 3% over and ViT's 1% under to 7% over, and the
 #     pointwise error fell from 0.39 to 0.33 (Llama) and from 0.45 to 0.32 (ViT).
+
+
+# Note [a fresh buffer is read before it is written]
+#     A CPU core writes whole cache lines, but fetches each line before it writes it
+#     (write-allocate), so a kernel's write to a buffer that is not in the cache costs a read
+#     and a write of its bytes; one to a buffer just written or read costs the write alone. A
+#     compiled graph reuses the buffers it freed for its temporaries, which are then hot, but
+#     allocates its outputs afresh: the values a forward graph saves for backward, the
+#     gradients a backward graph hands on. So a pointwise kernel's writes to its graph's
+#     outputs move ``Efficiency.write_allocate`` of their bytes again, from memory.
+#     ``benchmarks/cache_reuse.py`` times ``y = x * 2`` with ``x`` just written and ``y``
+#     just written or in memory: the cold write adds 0.88-0.94 of ``y``'s bytes' time at the
+#     cold bandwidth over 2-16 MiB, so the CPU's figure is 0.9. It is what a plan that saves
+#     less gains in forward beyond the bytes it does not write: kernel by kernel
+#     (``kernel_prices.py --plans``), HF ViT's and Llama's plans at compile's budgets ran
+#     their forward pointwise kernels 2-5 ms faster than the unchecked step's, priced 0-1.5 ms
+#     faster without it. A GPU's L2 takes a fully written sector without fetching it: 0 there.
