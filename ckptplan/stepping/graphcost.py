@@ -27,16 +27,17 @@ Note [pricing the partition]
     ``benchmarks/compile.py`` (one CPU thread, 64 back-to-back pairs against the compiled
     unchecked step, one model at a time on a quiet machine, freed memory kept by malloc,
     graphs priced on the reference CPU): HF Llama (12x256, 256 tokens) plans at compile's
-    0.3/0.5/0.7 points are predicted +10.6/+4.0/+1.8% and measured +11.4/+5.6/+1.9%; HF ViT
-    (12x192, 384px) plans are predicted -0.2/+0.4/+0.9% and measured -1.3/-1.1/-3.0%. With
-    another job on the second core the same Llama plans measured +7.6/+3.2/-0.8% and
-    +15.0/+6.3/+2.2%. What the price misses, part by part, ``benchmarks/kernel_prices.py
-    --plans`` shows: a plan's forward runs faster than the unchecked step's where it saves
-    less, and a pointwise kernel is priced by its bytes, though GELU's run at twice that on the
-    CPU, so the bytes a recompute adds to them cost less than their price (Note [a written line
-    goes back to memory] in ``kernelcost``). Node by node, with every value a kernel of its
-    own, ViT read -7%; without the cache, Llama's read 40% high. The search compares the plans
-    it confirms by this price (Note [ranking compiled plans] in ``ckptplan.planning.search``).
+    0.3/0.5/0.7 points are predicted +9.5/+3.2/+1.1% and measured +11.0/+4.3/+1.8%; HF ViT
+    (12x192, 384px) plans are predicted -1.0/-0.7/-0.2% and measured -1.2/-1.7/-1.5%, each
+    within the measured quartiles but Llama's 0.3, 1.5 points under. With another job on the
+    second core the same Llama plans measured +7.6/+3.2/-0.8% and +15.0/+6.3/+2.2%. Where the
+    price misses, part by part, ``benchmarks/kernel_prices.py --plans`` shows: a plan's
+    forward, writing less into fresh buffers, is priced 5-8 ms faster than the unchecked
+    step's where it ran 2-5 ms faster, and its recomputed pointwise kernels in backward are
+    priced over their time (Note [a fresh buffer is read before it is written] in
+    ``kernelcost``). Node by node, with every value a kernel of its own, ViT read -7%; without
+    the cache, Llama's read 40% high. The search compares the plans it confirms by this price
+    (Note [ranking compiled plans] in ``ckptplan.planning.search``).
 """
 
 from __future__ import annotations

@@ -142,7 +142,8 @@ def cached_bytes(kernels: Sequence[Kernel], cache: int) -> list[int]:
 #     two gradients, ran 1.29 ms a call against the unchecked step's 0.85 ms with the same
 #     reads, where crediting the cache for that write priced the difference at 0.04 ms.
 #     ``benchmarks/kernel_prices.py`` times every kernel where it runs, beside its price
-#     (one thread; graphs' time over the unchecked step's): HF Llama's ``dp`` plans at
+#     (one thread; graphs' time over the unchecked step's). Before writes to fresh buffers
+#     were priced (Note [a fresh buffer is read before it is written]), HF Llama's ``dp`` plans at
 #     60/75/90% measured +21.3/+13.9/+6.1% and are priced +21.5/+12.4/+5.6%, HF ViT's
 #     +12.7/+9.3/+4.3% and +13.3/+8.5/+3.8%. Kernel by kernel, the pointwise kernels' prices
 #     are off by 0.36 (Llama) and 0.53 (ViT) in time-weighted |log(price / time)|, the
@@ -168,3 +169,22 @@ def cached_bytes(kernels: Sequence[Kernel], cache: int) -> list[int]:
 #     (``kernel_prices.py --plans``), HF ViT's and Llama's plans at compile's budgets ran
 #     their forward pointwise kernels 2-5 ms faster than the unchecked step's, priced 0-1.5 ms
 #     faster without it. A GPU's L2 takes a fully written sector without fetching it: 0 there.
+#
+#     With it (the same instrument, eight steps, on the plans ``compile.py`` measured), those
+#     forward kernels are priced 5-8 ms faster than the unchecked step's where they ran
+#     2.4-5.1 ms faster, so the price overshoots there, while the recomputed pointwise
+#     kernels in backward stay priced over their time: ViT's +5.2..+10.1 ms where they ran
+#     -0.1..+2.3, Llama's +6.5..+12.1 where +5.7..+10.7. The graphs' overheads read HF ViT
+#     -1.0/-0.7/-0.6% against -1.2/-0.3/-0.3% measured, HF Llama +10.5/+3.4/+1.2% against
+#     +11.6/+4.5/+1.1%; the pointwise kernels' time-weighted |log(price / time)| is 0.30
+#     (ViT) and 0.40 (Llama), the whole unchecked step's pointwise kernels priced 1% under
+#     their time on ViT and 13% over on Llama. Only writes to a graph's outputs are known to
+#     land in fresh memory; a temporary inductor allocates rather than reuses may too.
+#
+#     A pointwise kernel's arithmetic is not priced: timed compiled on one thread beside a
+#     copy of the same bytes (0.37 ns an element in the cache), erf adds 0.23 ns an element,
+#     exp 0.10, sigmoid 0.12, tanh 1.1, and priced so, HF ViT's unchecked GELU-gradient
+#     kernels read 18.2 ms against 19.7 measured (11.4 by their bytes), but the plans'
+#     recomputed GELU kernels, fused beside the gradient, were priced 8.6 ms over their time
+#     and the plans' backward difference moved further from it (+9.7..+16.4 ms against
+#     -0.1..+2.7): the recompute's arithmetic overlaps what the kernel waits on.
