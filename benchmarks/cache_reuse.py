@@ -33,7 +33,9 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -42,21 +44,35 @@ SIZES_MIB = (0.5, 1, 2, 4, 8, 16, 32, 64)
 REPEATS = 21
 
 
-def bandwidth(mib: float, hot: bool) -> float:
-    """Bytes per second ``y = x * 2`` moves on ``mib``-MiB buffers, hot or cold."""
+def hot_and_cold(
+    call: Callable[[], Any], warm: Callable[[], Any], ready: Callable[[], Any] = lambda: None
+) -> dict[bool, float]:
+    """Median seconds of ``call``, keyed by hot: right after ``warm`` (which writes what it
+    should find in the cache) and right after a kernel streamed 256 MiB elsewhere; ``ready``
+    runs just before it either way."""
+    flush = torch.empty(64 * 2**20)
+    seconds = {}
+    for hot in (True, False):
+        times = []
+        for _ in range(REPEATS):
+            if hot:
+                warm()
+            else:
+                flush.add_(1.0)
+            ready()
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+        seconds[hot] = statistics.median(times)
+    return seconds
+
+
+def bandwidth(mib: float) -> dict[bool, float]:
+    """Bytes per second ``y = x * 2`` moves on ``mib``-MiB buffers, keyed by hot."""
     x = torch.randn(int(mib * 2**20) // 4)
     y = torch.empty_like(x)
-    flush = torch.empty(64 * 2**20)
-    seconds = []
-    for _ in range(REPEATS):
-        if hot:
-            torch.mul(x, 1.0, out=y)
-        else:
-            flush.add_(1.0)
-        start = time.perf_counter()
-        torch.mul(x, 2.0, out=y)
-        seconds.append(time.perf_counter() - start)
-    return 2 * x.numel() * 4 / statistics.median(seconds)
+    seconds = hot_and_cold(lambda: torch.mul(x, 2.0, out=y), lambda: torch.mul(x, 1.0, out=y))
+    return {hot: 2 * x.numel() * 4 / s for hot, s in seconds.items()}
 
 
 def write_allocate(mib: float, cold_bandwidth: float) -> float:
@@ -64,20 +80,10 @@ def write_allocate(mib: float, cold_bandwidth: float) -> float:
     than just written, as a share of ``y``'s bytes' time at ``cold_bandwidth``."""
     x = torch.randn(int(mib * 2**20) // 4)
     y = torch.empty_like(x)
-    flush = torch.empty(64 * 2**20)
-    seconds = {}
-    for hot in (True, False):
-        times = []
-        for _ in range(REPEATS):
-            if hot:
-                y.mul_(1.0)
-            else:
-                flush.add_(1.0)
-            x.mul_(1.0)
-            start = time.perf_counter()
-            torch.mul(x, 2.0, out=y)
-            times.append(time.perf_counter() - start)
-        seconds[hot] = statistics.median(times)
+    # x is just written either way: only where y is differs.
+    seconds = hot_and_cold(
+        lambda: torch.mul(x, 2.0, out=y), warm=lambda: y.mul_(1.0), ready=lambda: x.mul_(1.0)
+    )
     return (seconds[False] - seconds[True]) * cold_bandwidth / (x.numel() * 4)
 
 
@@ -94,33 +100,22 @@ def stall(rows: int, inner: int, outer: int, cold_bandwidth: float) -> list[floa
     call's extra seconds over its hot call's, as a share of its bytes' time at
     ``cold_bandwidth``."""
     x, w, dy = torch.randn(rows, inner), torch.randn(outer, inner), torch.randn(rows, outer)
-    flush = torch.empty(64 * 2**20)
     shares = []
     for a, b in ((x, w.t()), (dy, w), (dy.t(), x)):
         moved = (a.numel() + b.numel() + a.shape[0] * b.shape[1]) * 4
-        seconds = {}
-        for hot in (True, False):
-            times = []
-            for _ in range(REPEATS):
-                if hot:
-                    a.mul_(1.0)
-                    b.mul_(1.0)
-                else:
-                    flush.add_(1.0)
-                start = time.perf_counter()
-                torch.mm(a, b)
-                times.append(time.perf_counter() - start)
-            seconds[hot] = statistics.median(times)
+        seconds = hot_and_cold(
+            lambda a=a, b=b: torch.mm(a, b), lambda a=a, b=b: (a.mul_(1.0), b.mul_(1.0))
+        )
         shares.append((seconds[False] - seconds[True]) * cold_bandwidth / moved)
     return shares
 
 
 def main() -> None:
     torch.set_num_threads(1)
-    rows = [
-        {"mib": mib, "hot": bandwidth(mib, True), "cold": bandwidth(mib, False)}
-        for mib in SIZES_MIB
-    ]
+    rows = []
+    for mib in SIZES_MIB:
+        rates = bandwidth(mib)
+        rows.append({"mib": mib, "hot": rates[True], "cold": rates[False]})
     cached = [r for r in rows if r["hot"] >= 1.5 * r["cold"]]
     figures = {
         "cache_bytes": int(2 * max(r["mib"] for r in cached) * 2**20) if cached else 0,

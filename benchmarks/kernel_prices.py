@@ -234,7 +234,6 @@ def run_model(
 def summary(graphs: list[Graph], walls: dict[str, list[float]]) -> dict[str, Any]:
     """The timed steps' figures: per class of call, and per entry (the module docstring)."""
     classes: dict[str, list[float]] = {}  # class -> [measured, priced, weighted |log ratio|]
-    totals = {name: [0.0, 0.0] for name in walls}
     # entry -> "pass call" (e.g. "backward pointwise", "forward extern.mm") -> [measured, priced]
     parts: dict[str, dict[str, list[float]]] = {name: {} for name in walls}
     unmatched = 0
@@ -260,8 +259,10 @@ def summary(graphs: list[Graph], walls: dict[str, list[float]]) -> dict[str, Any
             row[0] += measured
             row[1] += priced
             row[2] += measured * abs(math.log(max(priced, 1e-9) / measured))
-            totals[graph.entry][0] += measured
-            totals[graph.entry][1] += priced
+    totals = {
+        name: [sum(seconds[i] for seconds in calls.values()) for i in (0, 1)]
+        for name, calls in parts.items()
+    }
     measured_base, priced_base = totals["unchecked"]
     entries = {
         name: {
