@@ -24,10 +24,12 @@ measured peak is no higher and which is fastest against that point, timed in pai
 and whether it is faster beyond noise (Note [noise in the verdicts]). Each compiled entry also
 records the graphs inductor compiled and the graph breaks dynamo counted while compiling it,
 and each ckptplan plan its predicted recompute overhead beside the measured one (its step over
-the compiled unchecked step's, less one, in back-to-back pairs as the verdicts are timed).
+the compiled unchecked step's, less one, in back-to-back pairs as the verdicts are timed) and
+how sure that is (Note [how sure a measured overhead is] in ``pair_stats.py``).
 The Hugging Face Llama and ViT of ``benchmarks/models`` (12 layers, 256 and 577 tokens, the
 libraries' defaults: issue 43) are measured lean (``LEAN``). A ``machine`` row per model
-records the load (``uptime``) before and after: other jobs may share the cores.
+records the processor and the load (``uptime``) before and after: other jobs may share the
+cores, and another host is another machine.
 
     python benchmarks/compile.py [--models sample_models/vit.py] [--rounds 9] [--pairs 24]
     python benchmarks/compile.py --models benchmarks/models/hf_llama_256.py \
@@ -54,6 +56,7 @@ from typing import Any
 
 import torch
 from compile_plot import plot  # benchmarks/, the script's own folder
+from pair_stats import overhead_check, paired
 from torch._functorch import config as functorch_config
 from torch._inductor import config as inductor_config
 from torch.utils._pytree import tree_map
@@ -214,14 +217,6 @@ def time_rounds(workload: Workload, entries: list[Entry], inputs: Any, rounds: i
         entry.row["step_s"] = round(statistics.median(entry.times), 4)
 
 
-def paired(mine: list[float], theirs: list[float]) -> tuple[float, list[float]]:
-    """The median and quartiles of the per-round time ratios ``mine / theirs``: the two ran
-    next to each other in every round, so drift in the machine's speed divides out."""
-    pairs = [a / b for a, b in zip(mine, theirs, strict=True)]
-    quartiles = statistics.quantiles(pairs, n=4)
-    return round(statistics.median(pairs), 4), [round(quartiles[0], 4), round(quartiles[2], 4)]
-
-
 def verdicts(
     workload: Workload, entries: list[Entry], inputs: Any, pairs: int
 ) -> list[dict[str, Any]]:
@@ -282,23 +277,15 @@ def back_to_back(
 
 def measured_overheads(workload: Workload, entries: list[Entry], inputs: Any, pairs: int) -> None:
     """Each ckptplan compiled plan's overhead over the compiled unchecked step, timed in
-    ``pairs`` back-to-back pairs with it (Note [noise in the verdicts]), beside its predicted
-    overhead: the median pair less one, the quartiles, and whether the prediction is within
-    25% of it (relative), or at least within its quartiles."""
+    ``pairs`` back-to-back pairs with it (Note [noise in the verdicts]), held to its predicted
+    overhead (``pair_stats.overhead_check``: Note [how sure a measured overhead is])."""
     unchecked = named(entries, "compiled")
     for entry in entries:
         predicted = entry.row.get("predicted_overhead")
         if predicted is None or not entry.name.startswith("ckptplan-compiled"):
             continue
         ratios = back_to_back(workload, entry, unchecked, inputs, pairs)
-        low, _, high = (q - 1 for q in statistics.quantiles(ratios, n=4))
-        measured = statistics.median(ratios) - 1
-        entry.row.update(
-            measured_overhead=round(measured, 4),
-            measured_overhead_quartiles=[round(low, 4), round(high, 4)],
-            prediction_within_25_percent=abs(predicted - measured) <= 0.25 * abs(measured),
-            prediction_within_quartiles=low <= predicted <= high,
-        )
+        entry.row.update(overhead_check(ratios, predicted))
 
 
 # Note [noise in the verdicts]
@@ -424,6 +411,16 @@ def load() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
 
 
+def processor() -> str:
+    """The CPU the times come from and its last-level cache: a plan's overhead depends on
+    them, and runs on another host measure another machine."""
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.exists() else []
+    name = next((line.split(":", 1)[1].strip() for line in lines if "model name" in line), "?")
+    caches = sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"))
+    return f"{name}, last-level cache {caches[-1].read_text().strip() if caches else '?'}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS))
@@ -441,7 +438,13 @@ def main() -> None:
         before = load()
         rows = run_model(path, args.rounds, args.pairs)
         rows.append(
-            {"strategy": "machine", "threads": 1, "uptime_before": before, "uptime_after": load()}
+            {
+                "strategy": "machine",
+                "threads": 1,
+                "processor": processor(),
+                "uptime_before": before,
+                "uptime_after": load(),
+            }
         )
         # Read again: another run of this script, on other models, may have written since.
         results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
