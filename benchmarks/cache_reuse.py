@@ -13,7 +13,9 @@ Then what a kernel's write costs where its buffer is not in the cache: one threa
 ``y = x * 2`` with ``x`` just written both times and ``y`` just written or in memory (a fresh
 output, such as a value a forward graph saves). The CPU fetches a line before it writes it,
 so the cold write adds about its bytes' time again: the write-allocate share is that extra
-time as a share of ``y``'s bytes' time at the cold bandwidth.
+time as a share of ``y``'s bytes' time at the cold bandwidth. Its figure is for a buffer
+256 MiB of traffic stale; the same share for 16 MiB buffers by how many MiB were streamed
+since ``y`` was touched (16 MiB to 1 GiB) shows how stale a buffer must be to cost it whole.
 
 Then the same for library calls: one thread times the matmuls of a linear layer's forward and
 backward at the shapes of the HF Llama and ViT benchmark models, with every operand just
@@ -41,16 +43,20 @@ import torch
 
 RESULTS = Path(__file__).resolve().parent / "results" / "cache_reuse.json"
 SIZES_MIB = (0.5, 1, 2, 4, 8, 16, 32, 64)
+TRAFFIC_MIB = (16, 64, 128, 256, 512, 1024)
 REPEATS = 21
 
 
 def hot_and_cold(
-    call: Callable[[], Any], warm: Callable[[], Any], ready: Callable[[], Any] = lambda: None
+    call: Callable[[], Any],
+    warm: Callable[[], Any],
+    ready: Callable[[], Any] = lambda: None,
+    flush_mib: int = 256,
 ) -> dict[bool, float]:
     """Median seconds of ``call``, keyed by hot: right after ``warm`` (which writes what it
-    should find in the cache) and right after a kernel streamed 256 MiB elsewhere; ``ready``
-    runs just before it either way."""
-    flush = torch.empty(64 * 2**20)
+    should find in the cache) and right after a kernel streamed ``flush_mib`` MiB elsewhere;
+    ``ready`` runs just before it either way."""
+    flush = torch.empty(flush_mib * 2**20 // 4)
     seconds = {}
     for hot in (True, False):
         times = []
@@ -75,14 +81,18 @@ def bandwidth(mib: float) -> dict[bool, float]:
     return {hot: 2 * x.numel() * 4 / s for hot, s in seconds.items()}
 
 
-def write_allocate(mib: float, cold_bandwidth: float) -> float:
-    """The seconds ``y = x * 2`` adds, ``x`` in the cache, where ``y`` is in memory rather
-    than just written, as a share of ``y``'s bytes' time at ``cold_bandwidth``."""
+def write_allocate(mib: float, cold_bandwidth: float, flush_mib: int = 256) -> float:
+    """The seconds ``y = x * 2`` adds, ``x`` in the cache, where ``y`` was last touched
+    ``flush_mib`` MiB of traffic ago rather than just written, as a share of ``y``'s bytes'
+    time at ``cold_bandwidth``."""
     x = torch.randn(int(mib * 2**20) // 4)
     y = torch.empty_like(x)
     # x is just written either way: only where y is differs.
     seconds = hot_and_cold(
-        lambda: torch.mul(x, 2.0, out=y), warm=lambda: y.mul_(1.0), ready=lambda: x.mul_(1.0)
+        lambda: torch.mul(x, 2.0, out=y),
+        warm=lambda: y.mul_(1.0),
+        ready=lambda: x.mul_(1.0),
+        flush_mib=flush_mib,
     )
     return (seconds[False] - seconds[True]) * cold_bandwidth / (x.numel() * 4)
 
@@ -124,10 +134,15 @@ def main() -> None:
     }
     allocating = {mib: write_allocate(mib, figures["memory_bandwidth"]) for mib in (2, 4, 8, 16)}
     figures["write_allocate"] = statistics.median(allocating.values())
+    since = {flush: write_allocate(16, figures["memory_bandwidth"], flush) for flush in TRAFFIC_MIB}
     stalls = {name: stall(*shape, figures["memory_bandwidth"]) for name, shape in LINEARS.items()}
     figures["library_stall"] = statistics.median(s for shares in stalls.values() for s in shares)
     for r in rows:
         print(f"{r['mib']:5g} MiB  hot {r['hot'] / 1e9:5.1f} GB/s  cold {r['cold'] / 1e9:5.1f}")
+    print(
+        "write-allocate of 16 MiB by MiB streamed since:",
+        {k: round(v, 2) for k, v in since.items()},
+    )
     print(
         f"cache {figures['cache_bytes'] / 2**20:.0f} MiB at "
         f"{figures['cache_bandwidth'] / 1e9:.1f} GB/s, memory "
@@ -140,6 +155,7 @@ def main() -> None:
                 "figures": figures,
                 "sizes": rows,
                 "write_allocate_by_mib": allocating,
+                "write_allocate_by_traffic_since_mib": since,
                 "library_stalls": stalls,
                 "threads": 1,
             },

@@ -248,8 +248,9 @@ fused attention, so the fit cannot see it: ``benchmarks/attention_rate.py`` time
 benchmark models' shapes, at 0.68-0.73 of their linear layers' matmul rate in both directions
 (two runs), so 0.7. Where a compiled graph's cache is modelled, a library call's bytes from
 memory stall it for their whole time: ``benchmarks/cache_reuse.py`` measured 1.0-1.4 times
-(medians of three runs) on the linear layers of the HF Llama and ViT benchmark models, and a
-write to a buffer in memory at 0.88-0.94 of its bytes' time more than to one just written."""
+(medians of four runs) on the linear layers of the HF Llama and ViT benchmark models, and a
+write to a buffer in memory at 0.88-1.11 of its bytes' time more than to one just written
+(two runs)."""
 
 # A GPU's cache is half its L2, Note [recompute reads from cache].
 DEVICES = {
