@@ -27,9 +27,11 @@ Note [pricing the partition]
     ``benchmarks/compile.py`` (one CPU thread, 64 back-to-back pairs against the compiled
     unchecked step, one model at a time on a quiet machine, freed memory kept by malloc,
     graphs priced on the reference CPU): HF Llama (12x256, 256 tokens) plans at compile's
-    0.3/0.5/0.7 points are predicted +9.5/+3.2/+1.1% and measured +11.0/+4.3/+1.8%; HF ViT
-    (12x192, 384px) plans are predicted -1.0/-0.7/-0.2% and measured -1.2/-1.7/-1.5%, each
-    within the measured quartiles but Llama's 0.3, 1.5 points under. With another job on the
+    0.3/0.5/0.7 points are predicted +9.5/+3.2/+1.1% and measured +12.5/+5.6/+2.2% (medians'
+    95% intervals 11.7-13.4, 4.6-6.5, 1.8-3.1: the price is 1-3 points low); HF ViT (12x192,
+    384px) plans are predicted -1.0/-0.7/-0.2% and measured -0.9/-0.4/-1.7% (intervals
+    -1.3..-0.4, -1.7..+0.5, -2.5..-0.9). Three quiet runs of the same plans measured Llama's
+    0.5 point at +5.6/+4.3/+5.6% and ViT's 0.7 at -3.0/-1.5/-1.7%. With another job on the
     second core the same Llama plans measured +7.6/+3.2/-0.8% and +15.0/+6.3/+2.2%. Where the
     price misses, part by part, ``benchmarks/kernel_prices.py --plans`` shows: a plan's
     forward, writing less into fresh buffers, is priced 5-8 ms faster than the unchecked

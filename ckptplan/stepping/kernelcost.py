@@ -123,11 +123,12 @@ def cached_bytes(kernels: Sequence[Kernel], cache: int) -> list[int]:
 #     (``Efficiency.stall``). ``cache_reuse.py`` times the matmuls of the HF benchmark models'
 #     linear layers (forward and both gradients) with every operand just written and with
 #     every operand in memory: the cold call adds 1.0-1.4 times its bytes' time at the cold
-#     bandwidth (the median of nine matmuls, in three runs), so the CPU's stall is 1.0. Kernel
-#     profiles had shown the effect without it: HF ViT's 0.7 plan reads 64 MB less from
-#     memory in its matmuls than the unchecked step and they ran 12 ms faster at 1 ms more
-#     FLOPs; the Llama plan's recomputed matmuls read 94 MB less and ran 18 ms under their
-#     FLOPs' price (the stall now takes 10 ms off it). Neither was used to set the figure.
+#     bandwidth (the median of nine matmuls, in three runs; 1.4 in a fourth), so the CPU's
+#     stall is 1.0. Kernel profiles had shown the effect without it: HF ViT's 0.7 plan reads
+#     64 MB less from memory in its matmuls than the unchecked step and they ran 12 ms faster
+#     at 1 ms more FLOPs; the Llama plan's recomputed matmuls read 94 MB less and ran 18 ms
+#     under their FLOPs' price (the stall now takes 10 ms off it). Neither was used to set
+#     the figure.
 #     A GPU's GEMMs stream their operands while they multiply: no stall until measured.
 
 
@@ -164,7 +165,8 @@ def cached_bytes(kernels: Sequence[Kernel], cache: int) -> list[int]:
 #     outputs move ``Efficiency.write_allocate`` of their bytes again, from memory.
 #     ``benchmarks/cache_reuse.py`` times ``y = x * 2`` with ``x`` just written and ``y``
 #     just written or in memory: the cold write adds 0.88-0.94 of ``y``'s bytes' time at the
-#     cold bandwidth over 2-16 MiB, so the CPU's figure is 0.9. It is what a plan that saves
+#     cold bandwidth over 2-16 MiB (1.02-1.11 in a later run), so the CPU's figure is 0.9. It
+#     is what a plan that saves
 #     less gains in forward beyond the bytes it does not write: kernel by kernel
 #     (``kernel_prices.py --plans``), HF ViT's and Llama's plans at compile's budgets ran
 #     their forward pointwise kernels 2-5 ms faster than the unchecked step's, priced 0-1.5 ms
@@ -180,6 +182,18 @@ def cached_bytes(kernels: Sequence[Kernel], cache: int) -> list[int]:
 #     (ViT) and 0.40 (Llama), the whole unchecked step's pointwise kernels priced 1% under
 #     their time on ViT and 13% over on Llama. Only writes to a graph's outputs are known to
 #     land in fresh memory; a temporary inductor allocates rather than reuses may too.
+#
+#     How fresh an output's memory is, the graph cannot tell: malloc hands it a chunk freed
+#     some while before, perhaps a temporary of the same graph. And the fetch is graded by how
+#     stale the line is, not all or nothing: ``cache_reuse.py`` writes 16 MiB after streaming
+#     16/64/128/256/512/1024 MiB elsewhere, and the write adds 0.06/0.32/0.63/1.08/1.13/1.17
+#     of its bytes' time (one thread; this host's last-level cache is 480 MiB, shared). Offline,
+#     on the kernels ``kernel_prices.py --plans`` timed, a share of 0.3 on outputs' writes
+#     prices both models' forward differences as they ran (Llama -3.5/-2.4/-1.9 ms against
+#     -2.4/-2.3/-2.7, ViT -2.2/-3.4/-3.6 against -2.3/-4.9/-4.7), but only that instrument
+#     supports the figure, and with ViT's recompute in backward still priced over its time it
+#     moves ViT's predictions to the wrong sign; so 0.9 stands until the staleness of the
+#     memory an output is given is priced from the step itself.
 #
 #     A pointwise kernel's arithmetic is not priced: timed compiled on one thread beside a
 #     copy of the same bytes (0.37 ns an element in the cache), erf adds 0.23 ns an element,
