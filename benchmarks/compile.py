@@ -56,7 +56,7 @@ from typing import Any
 
 import torch
 from compile_plot import plot  # benchmarks/, the script's own folder
-from pair_stats import overhead_check, paired
+from pair_stats import overhead_check, paired, spread
 from torch._functorch import config as functorch_config
 from torch._inductor import config as inductor_config
 from torch.utils._pytree import tree_map
@@ -241,13 +241,13 @@ def verdicts(
         if ours:
             best = min(ours, key=lambda e: paired(e.times, point.times)[0])
             ratios = back_to_back(workload, best, point, inputs, pairs)
-            quartiles = statistics.quantiles(ratios, n=4)
+            median, quartiles = spread(ratios)
             verdict.update(
                 ckptplan=best.name,
                 ckptplan_peak_bytes=best.row["peak_bytes"],
                 ckptplan_time_vs_compiled=best.row["time_vs_compiled"],
-                time_vs_point=round(statistics.median(ratios), 4),
-                time_vs_point_quartiles=[round(quartiles[0], 4), round(quartiles[2], 4)],
+                time_vs_point=median,
+                time_vs_point_quartiles=quartiles,
                 pairs=pairs,
             )
             verdict.update(

@@ -17,9 +17,17 @@ def paired(mine: Sequence[float], theirs: Sequence[float]) -> tuple[float, list[
     >>> paired([2.0, 3.0, 4.0, 5.0], [2.0, 2.0, 2.0, 2.0])
     (1.75, [1.125, 2.375])
     """
-    pairs = [a / b for a, b in zip(mine, theirs, strict=True)]
-    quartiles = statistics.quantiles(pairs, n=4)
-    return round(statistics.median(pairs), 4), [round(quartiles[0], 4), round(quartiles[2], 4)]
+    return spread([a / b for a, b in zip(mine, theirs, strict=True)])
+
+
+def spread(ratios: Sequence[float]) -> tuple[float, list[float]]:
+    """The median and quartiles of ``ratios``, to four places.
+
+    >>> spread([1.0, 1.5, 2.0, 2.5])
+    (1.75, [1.125, 2.375])
+    """
+    quartiles = statistics.quantiles(ratios, n=4)
+    return round(statistics.median(ratios), 4), [round(quartiles[0], 4), round(quartiles[2], 4)]
 
 
 def median_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:

@@ -166,11 +166,11 @@ def cached_bytes(kernels: Sequence[Kernel], cache: int) -> list[int]:
 #     ``benchmarks/cache_reuse.py`` times ``y = x * 2`` with ``x`` just written and ``y``
 #     just written or in memory: the cold write adds 0.88-0.94 of ``y``'s bytes' time at the
 #     cold bandwidth over 2-16 MiB (1.02-1.11 in a later run), so the CPU's figure is 0.9. It
-#     is what a plan that saves
-#     less gains in forward beyond the bytes it does not write: kernel by kernel
-#     (``kernel_prices.py --plans``), HF ViT's and Llama's plans at compile's budgets ran
-#     their forward pointwise kernels 2-5 ms faster than the unchecked step's, priced 0-1.5 ms
-#     faster without it. A GPU's L2 takes a fully written sector without fetching it: 0 there.
+#     is what a plan that saves less gains in forward beyond the bytes it does not write:
+#     kernel by kernel (``kernel_prices.py --plans``), HF ViT's and Llama's plans at compile's
+#     budgets ran their forward pointwise kernels 2-5 ms faster than the unchecked step's,
+#     priced 0-1.5 ms faster without it. A GPU's L2 takes a fully written sector without
+#     fetching it: 0 there.
 #
 #     With it (the same instrument, eight steps, on the plans ``compile.py`` measured), those
 #     forward kernels are priced 5-8 ms faster than the unchecked step's where they ran
